@@ -1,0 +1,365 @@
+"""PreferenceDataModule: a source dataset (teacher half / student half / validation / ID test) and OOD test splits.
+
+Split layout (all seeded and recorded in `<log_dir>/data_manifest.json` and `<log_dir>/splits.json`):
+- the source's train split is shuffled and cut into the **teacher half** (first `teacher_fraction`) and the
+  **student half** (the rest); `train_subset` picks which one `fit` trains on;
+- validation: the source's validation split, or `val_fraction` of train carved off first when it has none;
+- test: the source's test split (ID) and the test split of every OOD target, in that order
+  (`test_split_names`), each evaluated by `cli.py test` and logged as `test/acc/<source name>`.
+Tokenized splits are cached with `datasets` under `cache_dir`, keyed by the records, the tokenizer and the
+tokenization settings, and written atomically (a crash never leaves a half-written cache).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections import Counter
+from typing import Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.collate import PairCollator
+from datamodules.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
+from datamodules.records import fingerprint
+from datamodules.samplers import LengthGroupedSampler
+from datamodules.sources import DataError, build_source
+from datamodules.tokenizers import load_tokenizer
+
+TRAIN_SUBSETS = ("teacher", "student", "all")
+CACHE_VERSION = "1"
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("SHIFTGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shiftgen"))
+
+
+class PairDataset(Dataset):
+    """Tokenized pairs held as column lists; optional soft labels q and order swaps keyed by record id.
+
+    A swapped pair presents (a, b) = (rejected, chosen); its label q is P(a ≻ b) under the teacher.
+    """
+
+    COLUMNS = ("id", "a_input_ids", "a_response_start", "b_input_ids", "b_response_start", "index", "length")
+
+    def __init__(self, hf_dataset, labels: Optional[dict] = None):
+        self.cols = {k: hf_dataset[k] for k in self.COLUMNS}
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.cols["index"])
+
+    def __getitem__(self, i: int) -> dict:
+        ex = {k: self.cols[k][i] for k in self.COLUMNS}
+        ex["label"] = 1.0
+        if self.labels is not None:
+            q, swap = self.labels[ex["id"]]
+            ex["label"] = float(q)
+            if swap:
+                ex["a_input_ids"], ex["b_input_ids"] = ex["b_input_ids"], ex["a_input_ids"]
+                ex["a_response_start"], ex["b_response_start"] = ex["b_response_start"], ex["a_response_start"]
+        return ex
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cols["length"]
+
+
+class PreferenceDataModule(pl.LightningDataModule):
+    """Preference pairs from one source (ID) and OOD targets, tokenized for a reward model.
+
+    Args:
+        source: registry name of the source dataset (e.g. "hh_helpful", "synth_helpful_cooking").
+        ood_targets: registry names of the OOD test datasets (zero-shot, never trained on).
+        tokenizer: tokenizer name or directory; linked from `--model.tokenizer` by the CLI.
+        local_dirs: per source name, a directory of local files in the hub schema (instead of the hub).
+        source_options: per source name, constructor options (e.g. the synthetic generator's knobs).
+        max_length: maximum tokens per sequence (prompt + response).
+        truncation: "keep_response" (cut the prompt's oldest tokens first), "truncate_response" or "drop".
+        train_subset: which half of the source train split `fit` trains on: "teacher", "student" or "all".
+        teacher_fraction: share of the source train split that forms the teacher half.
+        val_fraction: share of train carved off as validation when the source has no validation split.
+        max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
+        weak_labels: path of a weak-label file ({id: [q, swapped]}) to train on soft labels (W2S students).
+        batch_size: pairs per training batch (2x sequences per forward).
+        eval_batch_size: pairs per evaluation batch (length-sorted).
+        length_grouped: group training batches by length (less padding).
+        group_chunk_batches: batches per length-sorted chunk of the grouped sampler.
+        seed: seed of the halves, carving, subsampling and batch order.
+        cache_dir: where tokenized splits are cached (default $SHIFTGEN_CACHE or ~/.cache/shiftgen).
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        ood_targets: list[str] = [],
+        tokenizer: Optional[str] = None,
+        local_dirs: dict[str, str] = {},
+        source_options: dict[str, dict] = {},
+        max_length: int = 512,
+        truncation: str = "keep_response",
+        train_subset: str = "teacher",
+        teacher_fraction: float = 0.5,
+        val_fraction: float = 0.05,
+        max_pairs: dict[str, int] = {},
+        weak_labels: Optional[str] = None,
+        batch_size: int = 16,
+        eval_batch_size: int = 64,
+        length_grouped: bool = True,
+        group_chunk_batches: int = 50,
+        seed: int = 0,
+        cache_dir: Optional[str] = None,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        _validate(source, ood_targets, truncation, train_subset, teacher_fraction, val_fraction, max_pairs,
+                  batch_size, eval_batch_size, local_dirs, source_options)
+        self.source, self.ood_targets = source, list(ood_targets)
+        self.tokenizer_name = tokenizer
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.datasets: dict[str, PairDataset] = {}
+        self.manifest: dict = {}
+        self._tokenizer = None
+
+    # ---- public names ------------------------------------------------------------------------------------
+    @property
+    def test_split_names(self) -> list[str]:
+        return [self.source] + self.ood_targets
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            if self.tokenizer_name is None:
+                raise ValueError("--data.tokenizer is not set (the CLI links it from --model.tokenizer)")
+            self._tokenizer = load_tokenizer(self.tokenizer_name)
+        return self._tokenizer
+
+    # ---- records ------------------------------------------------------------------------------------------
+    def load_records(self) -> tuple[dict[str, list[dict]], dict]:
+        """Records per split kind: train_teacher, train_student, validation, and one test list per source."""
+        hp = self.hparams
+        src = build_source(self.source, hp.local_dirs.get(self.source), **hp.source_options.get(self.source, {}))
+        report: dict = {"dropped": {}, "origin": {}}
+
+        def load(source_obj, split):
+            part = source_obj.load(split)
+            report["dropped"][f"{source_obj.name}/{split}"] = dict(part.dropped)
+            report["origin"][f"{source_obj.name}/{split}"] = part.origin
+            return part.records
+
+        rng = random.Random(hp.seed)
+        train = load(src, "train")
+        rng.shuffle(train)
+        if "validation" in src.available_splits():
+            validation = load(src, "validation")
+        else:
+            n_val = max(1, int(round(hp.val_fraction * len(train))))
+            validation, train = train[:n_val], train[n_val:]
+        train = self._cap(train, "train")
+        n_teacher = int(round(hp.teacher_fraction * len(train)))
+        records = {
+            "train_teacher": train[:n_teacher],
+            "train_student": train[n_teacher:],
+            "validation": self._cap(validation, "validation", rng),
+        }
+        for name in self.test_split_names:
+            s = src if name == self.source else build_source(name, hp.local_dirs.get(name),
+                                                             **hp.source_options.get(name, {}))
+            records[f"test/{name}"] = self._cap(load(s, "test"), "test", random.Random(hp.seed))
+        for kind, recs in records.items():
+            if not recs:
+                raise DataError(f"split {kind!r} of --data.source {self.source} is empty (after filtering and "
+                                f"--data.max_pairs / --data.teacher_fraction)")
+        return records, report
+
+    def _cap(self, records: list[dict], kind: str, rng: Optional[random.Random] = None) -> list[dict]:
+        cap = self.hparams.max_pairs.get(kind)
+        if cap is None or len(records) <= cap:
+            return records
+        if rng is not None:
+            records = list(records)
+            rng.shuffle(records)
+        return records[:cap]
+
+    # ---- tokenization + cache ----------------------------------------------------------------------------
+    def _tokenizer_key(self) -> str:
+        tok = self.tokenizer
+        payload = json.dumps([sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None),
+                              tok.padding_side, self.hparams.max_length, self.hparams.truncation, CACHE_VERSION])
+        return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:12]
+
+    def _tokenized(self, kind: str, records: list[dict], tok_key: str):
+        import datasets
+
+        path = os.path.join(self.cache_dir, "tokenized", f"{kind.replace('/', '__')}-{fingerprint(records)}-{tok_key}")
+        if os.path.isdir(path):
+            return datasets.load_from_disk(path), True
+        ds = datasets.Dataset.from_list([dict(r, index=i) for i, r in enumerate(records)])
+        tokenize = PairTokenizer(self.tokenizer, self.hparams.max_length, self.hparams.truncation)
+        ds = ds.map(tokenize, batched=True, batch_size=512, remove_columns=["prompt", "chosen", "rejected"],
+                    load_from_cache_file=False, desc=f"tokenizing {kind}")
+        ds = ds.map(lambda b: {"length": [max(len(a), len(c)) for a, c in zip(b["a_input_ids"], b["b_input_ids"])]},
+                    batched=True, load_from_cache_file=False)
+        if kind.startswith("test/") or kind == "validation":
+            ds = ds.sort("length", reverse=True)  # length-sorted evaluation batches: little padding
+        atomic_save_dataset(ds, path)
+        return datasets.load_from_disk(path), False
+
+    def prepare_data(self) -> None:
+        records, _ = self.load_records()
+        key = self._tokenizer_key()
+        for kind in self._needed_kinds():
+            self._tokenized(kind, records[kind], key)
+
+    def _needed_kinds(self) -> list[str]:
+        subset = self.hparams.train_subset
+        train = ["train_teacher", "train_student"] if subset == "all" else [f"train_{subset}"]
+        return train + ["validation"] + [f"test/{n}" for n in self.test_split_names]
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.datasets:
+            return
+        records, report = self.load_records()
+        key = self._tokenizer_key()
+        status: dict[str, dict] = {}
+        labels = self._load_weak_labels() if self.hparams.weak_labels else None
+        for kind in self._needed_kinds():
+            ds, cached = self._tokenized(kind, records[kind], key)
+            counts = Counter(ds["status"])
+            status[kind] = dict(counts)
+            ds = ds.filter(lambda s: s != "dropped_too_long", input_columns="status") if counts["dropped_too_long"] else ds
+            if len(ds) == 0:
+                raise DataError(f"split {kind!r} is empty after --data.truncation {self.hparams.truncation}")
+            use_labels = labels if kind.startswith("train_") else None
+            if use_labels is not None:
+                missing = [i for i in ds["id"] if i not in use_labels]
+                if missing:
+                    raise DataError(f"--data.weak_labels {self.hparams.weak_labels} has no label for {len(missing)} "
+                                    f"training pairs (e.g. {missing[0]!r}): made for another split or seed?")
+            self.datasets[kind] = PairDataset(ds, use_labels)
+            status[kind]["cached"] = cached
+        self.manifest = {
+            "source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,
+            "sizes": {k: len(v) for k, v in records.items()}, "tokenization": status, **report,
+        }
+        self._split_ids = {k: [r["id"] for r in records[k]] for k in ("train_teacher", "train_student")}
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        trainer = self._trainer if hasattr(self, "_trainer") else None
+        log_dir = trainer.log_dir if trainer is not None else None
+        summary = {k: {s: c for s, c in v.items() if s != "ok"} for k, v in self.manifest["tokenization"].items()}
+        rank_zero_info(f"[data] sizes {self.manifest['sizes']}; dropped {self.manifest['dropped']}; "
+                       f"truncation {summary}")
+        if trainer is None or not trainer.is_global_zero or not log_dir:
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, "data_manifest.json"), "w") as f:
+            json.dump(self.manifest, f, indent=2)
+        with open(os.path.join(log_dir, "splits.json"), "w") as f:
+            json.dump(self._split_ids, f)
+
+    def _load_weak_labels(self) -> dict:
+        path = self.hparams.weak_labels
+        if not os.path.isfile(path):
+            raise DataError(f"--data.weak_labels {path!r} does not exist")
+        with open(path) as f:
+            payload = json.load(f)
+        return {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
+
+    # ---- loaders ------------------------------------------------------------------------------------------
+    def _collator(self) -> PairCollator:
+        return PairCollator(self.tokenizer.pad_token_id, self.tokenizer.padding_side)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        ds = self._train_set()
+        if hp.length_grouped:
+            world = self.trainer.world_size if self._trainer is not None else 1
+            sampler = LengthGroupedSampler(ds.lengths, hp.batch_size * world, hp.group_chunk_batches, hp.seed)
+            return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, collate_fn=self._collator(),
+                              num_workers=hp.num_workers)
+        return DataLoader(ds, batch_size=hp.batch_size, shuffle=True, collate_fn=self._collator(),
+                          num_workers=hp.num_workers)
+
+    def _train_set(self) -> PairDataset:
+        subset = self.hparams.train_subset
+        if subset != "all":
+            return self.datasets[f"train_{subset}"]
+        return _ConcatPairs(self.datasets["train_teacher"], self.datasets["train_student"])
+
+    def _eval_loader(self, ds: Dataset) -> DataLoader:
+        return DataLoader(ds, batch_size=self.hparams.eval_batch_size, shuffle=False, collate_fn=self._collator(),
+                          num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.datasets["validation"])
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self._eval_loader(self.datasets[f"test/{n}"]) for n in self.test_split_names]
+
+
+def atomic_save_dataset(ds, path: str) -> None:
+    """Write to a temporary sibling, then rename: readers see a complete cache or none, never half of one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        ds.save_to_disk(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(path):  # another process may have won the race: its cache is complete
+            raise
+
+
+class _ConcatPairs(Dataset):
+    """Both halves (train_subset "all"); indices of the second half are shifted to stay unique."""
+
+    def __init__(self, first: PairDataset, second: PairDataset):
+        self.first, self.second = first, second
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    def __getitem__(self, i: int) -> dict:
+        if i < len(self.first):
+            return self.first[i]
+        ex = self.second[i - len(self.first)]
+        ex["index"] += len(self.first)
+        return ex
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.first.lengths + self.second.lengths
+
+
+def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, val_fraction, max_pairs,
+              batch_size, eval_batch_size, local_dirs, source_options) -> None:
+    if source in ood_targets:
+        raise ValueError(f"--data.ood_targets contains the source {source!r}: OOD targets must differ from it")
+    if len(set(ood_targets)) != len(ood_targets):
+        raise ValueError(f"--data.ood_targets has duplicates: {ood_targets}")
+    if truncation not in TRUNCATION_POLICIES:
+        raise ValueError(f"--data.truncation must be one of {TRUNCATION_POLICIES}, got {truncation!r}")
+    if train_subset not in TRAIN_SUBSETS:
+        raise ValueError(f"--data.train_subset must be one of {TRAIN_SUBSETS}, got {train_subset!r}")
+    if not 0.0 < teacher_fraction < 1.0:
+        raise ValueError(f"--data.teacher_fraction must be in (0, 1), got {teacher_fraction}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"--data.val_fraction must be in (0, 1), got {val_fraction}")
+    bad = set(max_pairs) - {"train", "validation", "test"}
+    if bad or any(v < 1 for v in max_pairs.values()):
+        raise ValueError(f"--data.max_pairs takes positive caps for train/validation/test, got {max_pairs}")
+    if batch_size < 1 or eval_batch_size < 1:
+        raise ValueError("--data.batch_size and --data.eval_batch_size must be >= 1")
+    known = {source, *ood_targets}
+    for flag, mapping in (("--data.local_dirs", local_dirs), ("--data.source_options", source_options)):
+        extra = set(mapping) - known
+        if extra:
+            raise ValueError(f"{flag} names {sorted(extra)}, which are neither --data.source nor --data.ood_targets")

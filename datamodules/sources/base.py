@@ -1,0 +1,179 @@
+"""Base class and registry for preference sources.
+
+A source knows where its rows live (a hub id, or local jsonl/parquet files in the same schema) and how to
+turn one raw row into a record of `datamodules.records` -- or into the reason it is dropped.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Optional, Union
+
+from datamodules.records import CANONICAL_SPLITS
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the source, file, row or column at fault."""
+
+
+@dataclass
+class SourceSplit:
+    records: list[dict]
+    dropped: Counter = field(default_factory=Counter)  # reason -> count
+    origin: str = ""  # where the rows came from (file path or hub id), for messages and reports
+
+
+SOURCES: dict[str, type["PreferenceSource"]] = {}
+
+
+def register_source(cls: type["PreferenceSource"]) -> type["PreferenceSource"]:
+    if cls.name in SOURCES:
+        raise ValueError(f"preference source {cls.name!r} registered twice")
+    SOURCES[cls.name] = cls
+    return cls
+
+
+def build_source(name: str, local_dir: Optional[str] = None, **options: Any) -> "PreferenceSource":
+    """Instantiate a registered source by name (`local_dir`: files instead of the hub)."""
+    _import_builtin_sources()
+    if name not in SOURCES:
+        raise DataError(f"unknown preference source {name!r}; known sources: {sorted(SOURCES)}")
+    return SOURCES[name](local_dir=local_dir, **options)
+
+
+def _import_builtin_sources() -> None:
+    # Importing the modules registers their sources; kept lazy so `records`/`base` stay import-light.
+    import datamodules.sources.hub  # noqa: F401
+    import datamodules.sources.synthetic  # noqa: F401
+
+
+Drop = str  # a normalize() result that is a string is the reason the row was dropped
+
+
+class PreferenceSource:
+    """One preference dataset. Subclasses set the class attributes and implement `normalize`.
+
+    Args:
+        local_dir: a directory holding one file per split, named after the hub split or the canonical split
+            (`train.jsonl`, `test_prefs.parquet`, ...), in the hub schema. `None` loads `hub_id` from the hub.
+    """
+
+    name: ClassVar[str]
+    category: ClassVar[str]  # "helpful" or "harmless"
+    hub_id: ClassVar[str] = ""
+    hub_name: ClassVar[Optional[str]] = None  # the `name=` (config) argument of load_dataset
+    hub_data_dir: ClassVar[Optional[str]] = None  # the `data_dir=` argument of load_dataset
+    split_map: ClassVar[dict[str, str]] = {"train": "train", "test": "test"}  # canonical -> hub split
+    required_columns: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, local_dir: Optional[str] = None):
+        self.local_dir = local_dir
+
+    # ---- what subclasses implement -------------------------------------------------------------------
+    def normalize(self, row: dict, key: Any, split: str) -> Union[dict, Drop]:
+        raise NotImplementedError
+
+    def resolve_columns(self, columns: list[str], origin: str) -> None:
+        """Check the loaded schema (override to resolve unverified column names)."""
+        missing = [c for c in self.required_columns if c not in columns]
+        if missing:
+            raise DataError(
+                f"{self.name}: {origin} is missing column(s) {missing}; columns found: {sorted(columns)}"
+            )
+
+    # ---- shared machinery ------------------------------------------------------------------------------
+    def available_splits(self) -> list[str]:
+        return [s for s in CANONICAL_SPLITS if s in self.split_map]
+
+    def load(self, split: str) -> SourceSplit:
+        if split not in self.split_map:
+            raise DataError(
+                f"{self.name} has no {split!r} split (it has {self.available_splits()}); "
+                "the data module carves a validation split from train when a source has none"
+            )
+        rows, origin = self._read_rows(split)
+        rows = list(rows)
+        if not rows:
+            raise DataError(f"{self.name}: split {split!r} from {origin} has no rows")
+        self.resolve_columns(list(rows[0].keys()), origin)
+        out = SourceSplit(records=[], origin=origin)
+        for i, row in enumerate(rows):
+            missing = [c for c in self.required_columns if c not in row]
+            if missing:
+                raise DataError(f"{self.name}: {origin} row {i} is missing column(s) {missing}")
+            result = self.normalize(row, i, split)
+            if isinstance(result, str):
+                out.dropped[result] += 1
+            else:
+                out.records.append(result)
+        if not out.records:
+            raise DataError(
+                f"{self.name}: split {split!r} from {origin} is empty after filtering "
+                f"({len(rows)} rows, dropped: {dict(out.dropped)})"
+            )
+        return out
+
+    def _read_rows(self, split: str) -> tuple[Iterable[dict], str]:
+        hub_split = self.split_map[split]
+        if self.local_dir is not None:
+            path = find_split_file(self.local_dir, [hub_split, split], self.name)
+            return read_table(path), path
+        return self._load_hub(hub_split), f"hub dataset {self.hub_id}"
+
+    def _load_hub(self, hub_split: str) -> list[dict]:
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(
+                self.hub_id, name=self.hub_name, data_dir=self.hub_data_dir, split=hub_split
+            )
+        except Exception as err:  # offline, missing from the cache, network failure, ...
+            raise DataError(
+                f"{self.name}: could not load {self.hub_id!r} (split {hub_split!r}) from the hub: "
+                f"{type(err).__name__}: {str(err)[:300]}\n"
+                f"Without network, point the loader at local files in the same schema: "
+                f"--data.local_dirs '{{\"{self.name}\": \"/path/to/dir\"}}' with one file per split named "
+                f"{sorted(set(self.split_map.values()))} (.jsonl or .parquet)."
+            ) from err
+        return ds.to_list()
+
+
+def find_split_file(directory: str, stems: list[str], source: str) -> str:
+    if not os.path.isdir(directory):
+        raise DataError(f"{source}: local data directory {directory!r} does not exist")
+    for stem in dict.fromkeys(stems):
+        for ext in (".jsonl", ".json", ".parquet"):
+            path = os.path.join(directory, stem + ext)
+            if os.path.isfile(path):
+                return path
+    raise DataError(
+        f"{source}: no file for split {stems[-1]!r} in {directory!r}: expected one of "
+        f"{[s + e for s in dict.fromkeys(stems) for e in ('.jsonl', '.parquet')]}; "
+        f"found {sorted(os.listdir(directory))}"
+    )
+
+
+def read_table(path: str) -> list[dict]:
+    """Rows of a jsonl / json-lines or parquet file; a malformed line is reported with its number."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as err:
+            raise DataError(f"{path}: cannot read parquet: {err}") from err
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg} at column {err.colno})") from err
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            rows.append(row)
+    return rows

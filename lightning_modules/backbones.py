@@ -1,0 +1,135 @@
+"""Backbone builders: a hub id or local directory, the packaged MiniLM encoder, or a tiny random-init config.
+
+The reward model uses the *base* transformer (`AutoModel`: no LM head, so no vocabulary-sized logits are ever
+computed) and reads its final hidden states.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig
+
+from datamodules.tokenizers import MINILM, resolve_pretrained
+
+# Tiny configs for tests and the CPU demo (dropout 0: deterministic, and the anchor has no dropout floor).
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny-qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
+    "tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
+    "tiny-gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=1024,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+}
+QUANTIZATION = ("4bit", "8bit")
+
+
+@dataclass
+class LoraSpec:
+    """LoRA adapters through peft.
+
+    Args:
+        r: adapter rank.
+        alpha: scaling numerator (effective scale alpha / r).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt, or "all-linear".
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: Any = "all-linear"
+
+
+def is_tiny(name: str) -> bool:
+    return name in TINY_CONFIGS
+
+
+def tiny_config(name: str, vocab_size: int, pad_token_id: int, overrides: Optional[dict] = None) -> PretrainedConfig:
+    kwargs = dict(TINY_CONFIGS[name])
+    kwargs.update(overrides or {})
+    model_type = kwargs.pop("model_type")
+    kwargs.update(vocab_size=vocab_size, pad_token_id=pad_token_id, bos_token_id=pad_token_id,
+                  eos_token_id=pad_token_id)  # GPT2Config defaults bos/eos to 50256: out of a small vocab
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_backbone(
+    name: str,
+    vocab_size: int,
+    pad_token_id: int,
+    tiny_overrides: Optional[dict] = None,
+    quantization: Optional[str] = None,
+    dtype: Optional[str] = None,
+    attn_implementation: Optional[str] = None,
+) -> nn.Module:
+    """The base transformer for `name` (see module docstring); quantization needs a pretrained checkpoint."""
+    if is_tiny(name):
+        if quantization is not None:
+            raise ValueError(f"--model.quantization {quantization} needs a pretrained backbone, not {name!r}")
+        cfg = tiny_config(name, vocab_size, pad_token_id, tiny_overrides)
+        if attn_implementation:
+            cfg._attn_implementation = attn_implementation
+        return AutoModel.from_config(cfg)
+    if tiny_overrides:
+        raise ValueError(f"--model.tiny_config only applies to tiny backbones {sorted(TINY_CONFIGS)}, not {name!r}")
+    kwargs: dict[str, Any] = {}
+    if dtype is not None:
+        kwargs["dtype"] = getattr(torch, dtype)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if quantization is not None:
+        kwargs["quantization_config"] = bnb_config(quantization)
+    path = resolve_pretrained(name)
+    try:
+        return AutoModel.from_pretrained(path, **kwargs)
+    except OSError as err:
+        hint = "" if os.path.isdir(path) or name == MINILM else (
+            " Without network, download the checkpoint elsewhere and pass its local directory as --model.backbone."
+        )
+        raise OSError(f"could not load backbone {name!r}: {str(err)[:300]}.{hint}") from err
+
+
+def bnb_config(quantization: str):
+    if quantization not in QUANTIZATION:
+        raise ValueError(f"--model.quantization must be one of {QUANTIZATION} or null, got {quantization!r}")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise ImportError("--model.quantization needs bitsandbytes: pip install bitsandbytes") from err
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def apply_lora(backbone: nn.Module, spec: LoraSpec, quantized: bool) -> nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    except ImportError as err:
+        raise ImportError("--model.lora needs peft: pip install peft") from err
+    if quantized:
+        backbone = prepare_model_for_kbit_training(backbone, use_gradient_checkpointing=False)
+    cfg = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules)
+    return get_peft_model(backbone, cfg)
+
+
+def hidden_size(backbone: nn.Module) -> int:
+    cfg = backbone.config
+    return int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
+
+
+def num_layers(backbone: nn.Module) -> int:
+    cfg = backbone.config
+    return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+
+
+def disable_dropout(module: nn.Module) -> None:
+    """Dropout off everywhere: reward scores then do not depend on dropout noise (TRL does the same)."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0

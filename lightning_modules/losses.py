@@ -1,0 +1,63 @@
+"""Pure tensor losses of the reward-model objectives (SPEC A.3). No Lightning here: easy to test alone.
+
+Notation: margin Δ_i = r(x_i, a_i) − r(x_i, b_i); q_i = P(a_i ≻ b_i) under the labels (1.0 for gold labels
+with a = chosen).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def bradley_terry_loss(margin: torch.Tensor) -> torch.Tensor:
+    """Gold Bradley–Terry: mean of −log σ(Δ) with a = chosen."""
+    return -F.logsigmoid(margin).mean()
+
+
+def soft_bradley_terry_loss(margin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Naive W2S: −[q log σ(Δ) + (1−q) log σ(−Δ)] = BCE-with-logits(Δ, q), mean over pairs."""
+    return F.binary_cross_entropy_with_logits(margin, q.to(margin.dtype))
+
+
+def hardened_student_labels(margin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Burns et al.'s hardening, for pairs: the top mean(q) fraction of the batch by σ(Δ) gets 1, the rest 0.
+
+    The threshold is the batch quantile that keeps the weak labels' class balance (ties at the threshold
+    are broken by order, so exactly round(mean(q)·B) pairs get label 1).
+    """
+    batch = margin.shape[0]
+    n_pos = int(torch.round(q.float().mean() * batch).item())
+    hard = torch.zeros_like(margin)
+    if n_pos > 0:
+        top = torch.topk(margin.detach(), k=n_pos).indices
+        hard[top] = 1.0
+    return hard
+
+
+def confidence_w2s_loss(margin: torch.Tensor, q: torch.Tensor, coef: float) -> torch.Tensor:
+    """Confidence-based W2S: BCE-with-logits(Δ, (1−c)·q + c·ĥ) with ĥ the detached hardened student labels."""
+    target = (1.0 - coef) * q.to(margin.dtype) + coef * hardened_student_labels(margin, q)
+    return F.binary_cross_entropy_with_logits(margin, target)
+
+
+def masked_mse(hidden: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the masked tokens *and* the hidden units of (h − h_ref)²; 0 when the mask is empty.
+
+    hidden, reference: (N, T, H); mask: (N, T) with 1 on response tokens.
+    """
+    mask = mask.to(hidden.dtype).unsqueeze(-1)  # (N, T, 1)
+    sq = ((hidden - reference.to(hidden.dtype)) ** 2 * mask).sum()
+    denom = mask.sum() * hidden.shape[-1]
+    return sq / denom.clamp_min(1.0)
+
+
+def reward_centering_loss(rewards_a: torch.Tensor, rewards_b: torch.Tensor) -> torch.Tensor:
+    """Eisenstein et al.'s centering term mean((r_a + r_b)²), keeping rewards near zero mean."""
+    return ((rewards_a + rewards_b) ** 2).mean()
+
+
+def apply_margin(margin: torch.Tensor, offset: Optional[torch.Tensor]) -> torch.Tensor:
+    """Llama-2-style margin: −log σ(Δ − m) for gold pairs with a known preference strength m."""
+    return margin if offset is None else margin - offset

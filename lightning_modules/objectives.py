@@ -1,0 +1,95 @@
+"""Preference objectives: a small open registry chosen by config (`--model.objective`).
+
+Each objective maps the pair margins Δ (B,) and the label q = P(a ≻ b) (B,) to a scalar loss. ANCHOR is not an
+objective of its own: it adds λ·L_anchor to any of these (see `RewardModelModule.anchor_coef`).
+SEAM is named by the paper but its definition is not available to us; it is deliberately absent -- register it
+here (`@register_objective`) once its definition is known.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from lightning_modules.losses import bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss
+
+OBJECTIVES: dict[str, type["PreferenceObjective"]] = {}
+
+
+def register_objective(name: str):
+    def wrap(cls):
+        if name in OBJECTIVES:
+            raise ValueError(f"objective {name!r} registered twice")
+        OBJECTIVES[name] = cls
+        cls.registry_name = name
+        return cls
+
+    return wrap
+
+
+class PreferenceObjective:
+    """Base class. `progress` is the fraction of training done, in [0, 1]."""
+
+    registry_name = "base"
+    uses_soft_labels = True
+
+    def __call__(self, margin: torch.Tensor, q: torch.Tensor, progress: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+@register_objective("gold")
+class GoldBradleyTerry(PreferenceObjective):
+    """Gold labels, a = chosen: −log σ(Δ). For the teacher and the ceiling."""
+
+    uses_soft_labels = False
+
+    def __call__(self, margin, q, progress):
+        if not bool((q == 1).all()):
+            raise ValueError("GoldBradleyTerry expects gold pairs (a = chosen, q = 1); use SoftBradleyTerry for soft labels")
+        return bradley_terry_loss(margin)
+
+
+@register_objective("naive")
+class SoftBradleyTerry(PreferenceObjective):
+    """Naive W2S: BCE-with-logits(Δ, q) on the teacher's soft labels."""
+
+    def __call__(self, margin, q, progress):
+        return soft_bradley_terry_loss(margin, q)
+
+
+@register_objective("confidence")
+class ConfidenceW2S(PreferenceObjective):
+    """Burns et al. (2023) auxiliary confidence loss, adapted to pairs (SPEC A.3).
+
+    Args:
+        aux_coef: final weight c of the student's own hardened labels in the target.
+        warmup_fraction: fraction of training over which c ramps from 0 to aux_coef.
+        ramp: shape of the ramp: "linear", "cosine" (smooth start and end) or "step" (0 then aux_coef).
+    """
+
+    def __init__(self, aux_coef: float = 0.5, warmup_fraction: float = 0.1,
+                 ramp: Literal["linear", "cosine", "step"] = "linear"):
+        if not 0.0 <= aux_coef <= 1.0:
+            raise ValueError(f"--model.objective.init_args.aux_coef must be in [0, 1], got {aux_coef}")
+        if not 0.0 <= warmup_fraction <= 1.0:
+            raise ValueError(f"--model.objective.init_args.warmup_fraction must be in [0, 1], got {warmup_fraction}")
+        if ramp not in ("linear", "cosine", "step"):
+            raise ValueError(f"--model.objective.init_args.ramp must be linear, cosine or step, got {ramp!r}")
+        self.aux_coef, self.warmup_fraction, self.ramp = aux_coef, warmup_fraction, ramp
+
+    def coef(self, progress: float) -> float:
+        if self.warmup_fraction == 0 or progress >= self.warmup_fraction:
+            return self.aux_coef
+        t = max(progress, 0.0) / self.warmup_fraction
+        if self.ramp == "step":
+            return 0.0
+        if self.ramp == "cosine":
+            return self.aux_coef * 0.5 * (1.0 - math.cos(math.pi * t))
+        return self.aux_coef * t
+
+    def __call__(self, margin, q, progress):
+        return confidence_w2s_loss(margin, q, self.coef(progress))

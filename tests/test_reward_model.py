@@ -1,0 +1,112 @@
+"""Reward model: training changes every parameter, learns the synthetic source, is seed-deterministic, resumes
+exactly, and the tokenized cache is reused."""
+import json
+import os
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from tests.helpers import SOURCE, TARGETS, quiet_trainer, synth_options, tiny_data, tiny_model
+
+
+def test_every_trainable_parameter_changes(word_tokenizer_dir, cache_dir, tmp_path):
+    pl.seed_everything(0)
+    model = tiny_model(word_tokenizer_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    quiet_trainer(str(tmp_path), max_steps=3, limit_val_batches=0).fit(model, tiny_data(word_tokenizer_dir, cache_dir))
+    unchanged = [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+@pytest.mark.parametrize("backbone", ["tiny-llama", "tiny-gpt2"])
+def test_other_tiny_families_train(word_tokenizer_dir, cache_dir, tmp_path, backbone):
+    pl.seed_everything(0)
+    model = tiny_model(word_tokenizer_dir, backbone=backbone)
+    trainer = quiet_trainer(str(tmp_path), max_steps=2, limit_val_batches=1)
+    trainer.fit(model, tiny_data(word_tokenizer_dir, cache_dir))
+    assert torch.isfinite(trainer.callback_metrics["val/acc"])
+
+
+def test_teacher_learns_the_synthetic_source(word_tokenizer_dir, cache_dir, tmp_path):
+    pl.seed_everything(0)
+    dm = tiny_data(word_tokenizer_dir, cache_dir, source_options=synth_options(n_train=1200, n_test=300),
+                   train_subset="teacher")
+    model = tiny_model(word_tokenizer_dir)
+    trainer = quiet_trainer(str(tmp_path), max_epochs=3)
+    trainer.fit(model, dm)
+    trainer.test(model, dm)
+    acc = model.test_results
+    # The source's artifact alone predicts 85% of its pairs; chance is 50%.
+    assert acc[SOURCE]["acc"] > 0.75
+    assert acc[SOURCE]["pairs"] == 300 and set(acc) == {SOURCE, *TARGETS}
+
+
+def _fit_and_test(tok, cache, root, **trainer_kwargs):
+    pl.seed_everything(7)
+    model, dm = tiny_model(tok), tiny_data(tok, cache)
+    trainer = quiet_trainer(root, max_epochs=2, **trainer_kwargs)
+    trainer.fit(model, dm)
+    trainer.test(model, dm, verbose=False)
+    return model
+
+
+def test_same_seed_gives_identical_metrics(word_tokenizer_dir, cache_dir, tmp_path):
+    first = _fit_and_test(word_tokenizer_dir, cache_dir, str(tmp_path / "a"))
+    second = _fit_and_test(word_tokenizer_dir, cache_dir, str(tmp_path / "b"))
+    assert first.test_results == second.test_results
+    for (n, p), (_, q) in zip(first.named_parameters(), second.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_resume_equals_uninterrupted(word_tokenizer_dir, cache_dir, tmp_path):
+    full = _fit_and_test(word_tokenizer_dir, cache_dir, str(tmp_path / "full"))
+
+    pl.seed_everything(7)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, save_top_k=0)
+    quiet_trainer(str(tmp_path / "part"), max_epochs=1, enable_checkpointing=True, callbacks=[ckpt]).fit(
+        tiny_model(word_tokenizer_dir), tiny_data(word_tokenizer_dir, cache_dir))
+    pl.seed_everything(123)  # a resumed process does not share the first one's RNG state
+    resumed, dm = tiny_model(word_tokenizer_dir), tiny_data(word_tokenizer_dir, cache_dir)
+    trainer = quiet_trainer(str(tmp_path / "resumed"), max_epochs=2)
+    trainer.fit(resumed, dm, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    trainer.test(resumed, dm, verbose=False)
+    for (n, p), (_, q) in zip(full.named_parameters(), resumed.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), n
+    for split, r in full.test_results.items():
+        assert resumed.test_results[split]["acc"] == pytest.approx(r["acc"], abs=1e-9)
+
+
+def test_tokenized_splits_are_cached_and_reused(word_tokenizer_dir, cache_dir, monkeypatch):
+    first = tiny_data(word_tokenizer_dir, cache_dir)
+    first.setup("fit")
+    assert not any(v["cached"] for v in first.manifest["tokenization"].values())
+    import datamodules.preference_data as pd
+
+    def boom(*a, **k):
+        raise AssertionError("tokenized again although the cache was complete")
+
+    monkeypatch.setattr(pd.PairTokenizer, "__call__", boom)
+    second = tiny_data(word_tokenizer_dir, cache_dir)
+    second.setup("fit")
+    assert all(v["cached"] for v in second.manifest["tokenization"].values())
+    assert second.datasets["validation"].cols == first.datasets["validation"].cols
+
+
+def test_halves_are_disjoint_seeded_and_recorded(word_tokenizer_dir, cache_dir, tmp_path):
+    dm = tiny_data(word_tokenizer_dir, cache_dir)
+    trainer = quiet_trainer(str(tmp_path), max_steps=1, limit_val_batches=0,
+                            logger=pl.loggers.CSVLogger(str(tmp_path)))
+    trainer.fit(tiny_model(word_tokenizer_dir), dm)
+    with open(os.path.join(trainer.log_dir, "splits.json")) as f:
+        splits = json.load(f)
+    teacher, student = set(splits["train_teacher"]), set(splits["train_student"])
+    assert len(teacher) == len(student) == 120 and not teacher & student
+    other = tiny_data(word_tokenizer_dir, cache_dir, seed=1)
+    records, _ = other.load_records()
+    assert {r["id"] for r in records["train_teacher"]} != teacher
+    same, _ = tiny_data(word_tokenizer_dir, cache_dir).load_records()
+    assert {r["id"] for r in same["train_teacher"]} == teacher
+    manifest = json.load(open(os.path.join(trainer.log_dir, "data_manifest.json")))
+    assert manifest["sizes"]["test/" + SOURCE] == 41
