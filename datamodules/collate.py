@@ -33,10 +33,13 @@ class PairCollator:
             input_ids[row, offset:offset + len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[row, offset:offset + len(ids)] = 1
             response_mask[row, offset + start:offset + len(ids)] = 1
-        return {
+        batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "response_mask": response_mask,
             "labels": torch.tensor([float(e.get("label", 1.0)) for e in examples], dtype=torch.float32),
             "index": torch.tensor([int(e["index"]) for e in examples], dtype=torch.long),
         }
+        if "teacher_margin" in examples[0]:  # the teacher's margin on the same test pair (W2S evaluation)
+            batch["teacher_margin"] = torch.tensor([float(e["teacher_margin"]) for e in examples])
+        return batch

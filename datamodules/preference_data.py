@@ -46,9 +46,9 @@ class PairDataset(Dataset):
 
     COLUMNS = ("id", "a_input_ids", "a_response_start", "b_input_ids", "b_response_start", "index", "length")
 
-    def __init__(self, hf_dataset, labels: Optional[dict] = None):
+    def __init__(self, hf_dataset, labels: Optional[dict] = None, teacher_margins: Optional[dict] = None):
         self.cols = {k: hf_dataset[k] for k in self.COLUMNS}
-        self.labels = labels
+        self.labels, self.teacher_margins = labels, teacher_margins
 
     def __len__(self) -> int:
         return len(self.cols["index"])
@@ -56,6 +56,8 @@ class PairDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         ex = {k: self.cols[k][i] for k in self.COLUMNS}
         ex["label"] = 1.0
+        if self.teacher_margins is not None:
+            ex["teacher_margin"] = self.teacher_margins[ex["id"]]
         if self.labels is not None:
             q, swap = self.labels[ex["id"]]
             ex["label"] = float(q)
@@ -84,7 +86,11 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_fraction: share of the source train split that forms the teacher half.
         val_fraction: share of train carved off as validation when the source has no validation split.
         max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
-        weak_labels: path of a weak-label file ({id: [q, swapped]}) to train on soft labels (W2S students).
+        teacher_checkpoint: a teacher reward-model checkpoint: its soft labels on the student half become the
+            training labels (computed once in `prepare_data`, cached) and its margins on every test split are
+            attached to the test pairs, so teacher and student are scored on the same pairs.
+        weak_labels: path of a weak-label file written by `datamodules.weak_labels` (instead of computing it).
+        label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
         batch_size: pairs per training batch (2x sequences per forward).
         eval_batch_size: pairs per evaluation batch (length-sorted).
         length_grouped: group training batches by length (less padding).
@@ -107,7 +113,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_fraction: float = 0.5,
         val_fraction: float = 0.05,
         max_pairs: dict[str, int] = {},
+        teacher_checkpoint: Optional[str] = None,
         weak_labels: Optional[str] = None,
+        label_seed: Optional[int] = None,
         batch_size: int = 16,
         eval_batch_size: int = 64,
         length_grouped: bool = True,
@@ -120,6 +128,13 @@ class PreferenceDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         _validate(source, ood_targets, truncation, train_subset, teacher_fraction, val_fraction, max_pairs,
                   batch_size, eval_batch_size, local_dirs, source_options)
+        if (teacher_checkpoint or weak_labels) and train_subset != "student":
+            raise ValueError("--data.teacher_checkpoint / --data.weak_labels label the student half: "
+                             f"set --data.train_subset student (got {train_subset!r})")
+        if teacher_checkpoint and weak_labels:
+            raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
+        if teacher_checkpoint and not os.path.isfile(teacher_checkpoint):
+            raise ValueError(f"--data.teacher_checkpoint {teacher_checkpoint!r} does not exist")
         self.source, self.ood_targets = source, list(ood_targets)
         self.tokenizer_name = tokenizer
         self.cache_dir = cache_dir or default_cache_dir()
@@ -212,10 +227,28 @@ class PreferenceDataModule(pl.LightningDataModule):
         return datasets.load_from_disk(path), False
 
     def prepare_data(self) -> None:
+        # Lightning runs this on one process per node: weak labels and tokenization happen once under DDP.
         records, _ = self.load_records()
         key = self._tokenizer_key()
         for kind in self._needed_kinds():
             self._tokenized(kind, records[kind], key)
+        if self.hparams.teacher_checkpoint:
+            self._weak_labels_file(records, compute=True)
+
+    def _weak_labels_file(self, records: dict, compute: bool) -> str:
+        from datamodules import weak_labels as wl
+
+        hp = self.hparams
+        tests = {n: records[f"test/{n}"] for n in self.test_split_names}
+        seed = hp.seed if hp.label_seed is None else hp.label_seed
+        path = wl.weak_label_path(self.cache_dir, hp.teacher_checkpoint, records["train_student"], tests, seed,
+                                  hp.max_length, hp.truncation)
+        if compute and not os.path.isfile(path):
+            rank_zero_info(f"[data] labelling {len(records['train_student'])} student-half pairs with the teacher "
+                           f"{hp.teacher_checkpoint}")
+            wl.compute_weak_labels(hp.teacher_checkpoint, records["train_student"], tests, seed, hp.max_length,
+                                   hp.truncation, path, batch_size=hp.eval_batch_size)
+        return path
 
     def _needed_kinds(self) -> list[str]:
         subset = self.hparams.train_subset
@@ -228,7 +261,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         records, report = self.load_records()
         key = self._tokenizer_key()
         status: dict[str, dict] = {}
-        labels = self._load_weak_labels() if self.hparams.weak_labels else None
+        weak = self._load_weak_labels(records)
+        labels = weak["labels"] if weak else None
+        margins = weak.get("teacher_margins", {}) if weak else {}
         for kind in self._needed_kinds():
             ds, cached = self._tokenized(kind, records[kind], key)
             counts = Counter(ds["status"])
@@ -242,7 +277,7 @@ class PreferenceDataModule(pl.LightningDataModule):
                 if missing:
                     raise DataError(f"--data.weak_labels {self.hparams.weak_labels} has no label for {len(missing)} "
                                     f"training pairs (e.g. {missing[0]!r}): made for another split or seed?")
-            self.datasets[kind] = PairDataset(ds, use_labels)
+            self.datasets[kind] = PairDataset(ds, use_labels, margins.get(kind[len("test/"):]))
             status[kind]["cached"] = cached
         self.manifest = {
             "source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,
@@ -252,7 +287,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         self._write_manifest()
 
     def _write_manifest(self) -> None:
-        trainer = self._trainer if hasattr(self, "_trainer") else None
+        trainer = self.trainer
         log_dir = trainer.log_dir if trainer is not None else None
         summary = {k: {s: c for s, c in v.items() if s != "ok"} for k, v in self.manifest["tokenization"].items()}
         rank_zero_info(f"[data] sizes {self.manifest['sizes']}; dropped {self.manifest['dropped']}; "
@@ -265,13 +300,23 @@ class PreferenceDataModule(pl.LightningDataModule):
         with open(os.path.join(log_dir, "splits.json"), "w") as f:
             json.dump(self._split_ids, f)
 
-    def _load_weak_labels(self) -> dict:
-        path = self.hparams.weak_labels
-        if not os.path.isfile(path):
-            raise DataError(f"--data.weak_labels {path!r} does not exist")
+    def _load_weak_labels(self, records: dict) -> Optional[dict]:
+        hp = self.hparams
+        if hp.teacher_checkpoint:
+            path = self._weak_labels_file(records, compute=False)
+            if not os.path.isfile(path):  # setup without prepare_data (e.g. a bare Trainer call order)
+                path = self._weak_labels_file(records, compute=True)
+        elif hp.weak_labels:
+            path = hp.weak_labels
+            if not os.path.isfile(path):
+                raise DataError(f"--data.weak_labels {path!r} does not exist")
+        else:
+            return None
         with open(path) as f:
             payload = json.load(f)
-        return {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
+        self.weak_labels_path = path
+        payload["labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
+        return payload
 
     # ---- loaders ------------------------------------------------------------------------------------------
     def _collator(self) -> PairCollator:
@@ -281,7 +326,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         hp = self.hparams
         ds = self._train_set()
         if hp.length_grouped:
-            world = self.trainer.world_size if self._trainer is not None else 1
+            world = self.trainer.world_size if self.trainer is not None else 1
             sampler = LengthGroupedSampler(ds.lengths, hp.batch_size * world, hp.group_chunk_batches, hp.seed)
             return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, collate_fn=self._collator(),
                               num_workers=hp.num_workers)

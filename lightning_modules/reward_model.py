@@ -182,15 +182,16 @@ class RewardModelModule(LightningModule):
         results = {}
         for name, metric in self.test_metrics.items():
             acc = metric.compute()
-            results[name] = {"acc": float(acc), "pairs": metric.count()}
+            results[name] = {"acc": float(acc), "pairs": metric.pairs_counted}
             self.log(f"test/acc/{name}", acc.float(), add_dataloader_idx=False, rank_zero_only=False)
             metric.reset()
         self.test_results = results
+        log_dir = self.trainer.log_dir  # a collective call under DDP: every rank asks
         if self.trainer.is_global_zero:
             rank_zero_info(format_accuracy_table(results, self.trainer.datamodule.source))
-            if self.trainer.log_dir:
-                os.makedirs(self.trainer.log_dir, exist_ok=True)
-                with open(os.path.join(self.trainer.log_dir, "test_results.json"), "w") as f:
+            if log_dir:
+                os.makedirs(log_dir, exist_ok=True)
+                with open(os.path.join(log_dir, "test_results.json"), "w") as f:
                     json.dump(results, f, indent=2)
 
     # ---- optimisation, checkpoints -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ HUB_FIXTURES = os.path.join(FIXTURES, "hub")
 
 
 def _fixture_words() -> set[str]:
-    words = {"user", "assistant", "system", ":"}
+    words = {"user", "assistant", "system", ":", "hello", "how", "are", "you", "fine", "good", "bad"}
     for path in glob.glob(os.path.join(HUB_FIXTURES, "**", "*.jsonl"), recursive=True):
         with open(path, encoding="utf-8") as f:
             words.update(re.findall(r"[A-Za-z0-9']+|[^\sA-Za-z0-9']", f.read()))

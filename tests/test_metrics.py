@@ -9,15 +9,15 @@ from lightning_modules.metrics import PairwiseAccuracy
 def test_accuracy_counts_ties_as_wrong():
     m = PairwiseAccuracy()
     m.update(torch.tensor([0.5, -0.1, 0.0, 2.0]), torch.tensor([0, 1, 2, 3]))
-    assert m.compute().item() == 0.5 and m.count() == 4
+    assert m.compute().item() == 0.5 and m.pairs_counted == 4
 
 
 def test_repeated_indices_are_counted_once():
     m = PairwiseAccuracy()
     m.update(torch.tensor([1.0, -1.0, 1.0]), torch.tensor([0, 1, 2]))
     m.update(torch.tensor([1.0]), torch.tensor([0]))  # what DistributedSampler's padding repeats
-    assert m.count() == 3
     assert m.compute().item() == 2 / 3
+    assert m.pairs_counted == 3
 
 
 def test_empty_metric_is_nan_and_reset_clears():
@@ -25,4 +25,4 @@ def test_empty_metric_is_nan_and_reset_clears():
     assert math.isnan(m.compute().item())
     m.update(torch.tensor([1.0]), torch.tensor([5]))
     m.reset()
-    assert m.count() == 0
+    assert math.isnan(m.compute().item()) and m.pairs_counted == 0

@@ -24,7 +24,7 @@ def test_every_trainable_parameter_changes(word_tokenizer_dir, cache_dir, tmp_pa
 def test_other_tiny_families_train(word_tokenizer_dir, cache_dir, tmp_path, backbone):
     pl.seed_everything(0)
     model = tiny_model(word_tokenizer_dir, backbone=backbone)
-    trainer = quiet_trainer(str(tmp_path), max_steps=2, limit_val_batches=1)
+    trainer = quiet_trainer(str(tmp_path), limit_train_batches=2, limit_val_batches=1)
     trainer.fit(model, tiny_data(word_tokenizer_dir, cache_dir))
     assert torch.isfinite(trainer.callback_metrics["val/acc"])
 
