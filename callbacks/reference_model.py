@@ -7,26 +7,64 @@ term of GRPO (reference log-probs, Part B).
 Protocol with the LightningModule:
 - `pl_module.reference_coef` (float): 0 means "no reference needed" -> nothing is copied.
 - `pl_module.reference_target()` returns the `nn.Module` to freeze (e.g. the backbone or the policy LM).
-- inside `training_step`, the module calls `callback.forward(*args, **kwargs)`; the callback is found with
-  `find_reference_callback(trainer)`.
+- inside `training_step`, the module calls `find_reference_callback(self.trainer)(**inputs)` (under no_grad).
 """
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
+ReferenceMode = Literal["auto", "copy", "disable_adapter"]
 
-def _is_peft_model(module: nn.Module) -> bool:
+
+def is_peft_model(module: nn.Module) -> bool:
     return hasattr(module, "disable_adapter") and hasattr(module, "peft_config")
 
 
+class FrozenReference:
+    """The initial weights of `target`, frozen: a deep copy, or (LoRA) the live model with adapters disabled.
+
+    Args:
+        target: the module whose current weights become the reference.
+        mode: "auto" (adapters disabled for a peft model, else a copy), "copy" or "disable_adapter".
+    """
+
+    def __init__(self, target: nn.Module, mode: ReferenceMode = "auto"):
+        if mode not in ("auto", "copy", "disable_adapter"):
+            raise ValueError(f"--reference.mode must be auto, copy or disable_adapter, got {mode!r}")
+        if mode == "disable_adapter" and not is_peft_model(target):
+            raise ValueError("--reference.mode disable_adapter needs a LoRA (peft) model; set --model.lora or use copy")
+        if is_peft_model(target) and mode != "copy":
+            # No second copy of the weights: the base with adapters disabled *is* the initial model, as long as
+            # the base stays frozen (LoRA trains adapters only).
+            self.mode, self.model, self._target = "disable_adapter", None, target
+        else:
+            self.mode, self._target = "copy", None
+            self.model = copy.deepcopy(target).requires_grad_(False).eval()
+
+    def to(self, device: Any) -> "FrozenReference":
+        if self.model is not None:
+            self.model.to(device)
+        return self
+
+    @torch.no_grad()  # not inference_mode: its outputs enter a loss that is backpropagated
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "copy":
+            return self.model(*args, **kwargs)
+        with self._target.disable_adapter():
+            return self._target(*args, **kwargs)
+
+    def parameter_count(self) -> int:
+        """Parameters this reference adds to memory (0 with adapters disabled)."""
+        return 0 if self.model is None else sum(p.numel() for p in self.model.parameters())
+
+
 class ReferenceModelCallback(Callback):
-    """Holds a frozen copy of the student/policy taken at `setup` (the initial weights).
+    """Holds the frozen reference, taken at `setup` (before any checkpoint restore: the *initial* weights).
 
     Args:
         mode: "auto" uses the LoRA base with adapters disabled when the target is a peft model (no second copy of
@@ -34,34 +72,23 @@ class ReferenceModelCallback(Callback):
             requires a peft target.
     """
 
-    def __init__(self, mode: Literal["auto", "copy", "disable_adapter"] = "auto"):
+    def __init__(self, mode: ReferenceMode = "auto"):
         super().__init__()
+        if mode not in ("auto", "copy", "disable_adapter"):
+            raise ValueError(f"--reference.mode must be auto, copy or disable_adapter, got {mode!r}")
         self.mode = mode
-        self.reference: Optional[nn.Module] = None  # the frozen copy (copy mode only)
-        self._target: Optional[nn.Module] = None  # the live peft model (disable_adapter mode only)
-        self.active_mode: Optional[str] = None
+        self.reference: Optional[FrozenReference] = None
 
     @property
     def enabled(self) -> bool:
-        return self.active_mode is not None
+        return self.reference is not None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # `setup` runs before a checkpoint is restored, so the copy holds the *initial* weights on resume too.
-        if stage != "fit" or self.active_mode is not None:
+        if stage != "fit" or self.reference is not None:
             return
         if float(getattr(pl_module, "reference_coef", 0.0)) == 0.0:
-            return
-        target = pl_module.reference_target()
-        use_adapter = _is_peft_model(target) and self.mode in ("auto", "disable_adapter")
-        if self.mode == "disable_adapter" and not _is_peft_model(target):
-            raise ValueError("--reference.mode disable_adapter needs a LoRA (peft) model; set --model.lora or use mode copy")
-        if use_adapter:
-            self._target, self.active_mode = target, "disable_adapter"
-            return
-        self.reference = copy.deepcopy(target)
-        self.reference.requires_grad_(False)
-        self.reference.eval()
-        self.active_mode = "copy"
+            return  # coefficient 0: no copy at all
+        self.reference = FrozenReference(pl_module.reference_target(), self.mode)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.reference is not None:
@@ -69,19 +96,12 @@ class ReferenceModelCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.reference, self._target, self.active_mode = None, None, None
+            self.reference = None
 
-    @torch.no_grad()  # not inference_mode: its outputs are used in a loss that is backpropagated
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.active_mode == "copy":
-            return self.reference(*args, **kwargs)
-        if self.active_mode == "disable_adapter":
-            # The same weights without the adapters; dropout follows the target's mode, as for the student.
-            with self._target.disable_adapter():
-                return self._target(*args, **kwargs)
-        raise RuntimeError("the reference model was not set up: reference_coef is 0 or the stage is not fit")
-
-    __call__ = forward
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.reference is None:
+            raise RuntimeError("the reference model was not set up: reference_coef is 0 or the stage is not fit")
+        return self.reference(*args, **kwargs)
 
 
 def find_reference_callback(trainer: Optional[Trainer]) -> Optional[ReferenceModelCallback]:

@@ -91,6 +91,8 @@ class PreferenceDataModule(pl.LightningDataModule):
             attached to the test pairs, so teacher and student are scored on the same pairs.
         weak_labels: path of a weak-label file written by `datamodules.weak_labels` (instead of computing it).
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
+        train_labels: "weak" trains on the teacher's soft labels; "gold" keeps the gold labels (the ceiling)
+            while the teacher's test margins still give teacher-vs-student scores on the same pairs.
         batch_size: pairs per training batch (2x sequences per forward).
         eval_batch_size: pairs per evaluation batch (length-sorted).
         length_grouped: group training batches by length (less padding).
@@ -116,6 +118,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_checkpoint: Optional[str] = None,
         weak_labels: Optional[str] = None,
         label_seed: Optional[int] = None,
+        train_labels: str = "weak",
         batch_size: int = 16,
         eval_batch_size: int = 64,
         length_grouped: bool = True,
@@ -131,6 +134,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         if (teacher_checkpoint or weak_labels) and train_subset != "student":
             raise ValueError("--data.teacher_checkpoint / --data.weak_labels label the student half: "
                              f"set --data.train_subset student (got {train_subset!r})")
+        if train_labels not in ("weak", "gold"):
+            raise ValueError(f"--data.train_labels must be 'weak' or 'gold', got {train_labels!r}")
         if teacher_checkpoint and weak_labels:
             raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
         if teacher_checkpoint and not os.path.isfile(teacher_checkpoint):
@@ -262,7 +267,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         key = self._tokenizer_key()
         status: dict[str, dict] = {}
         weak = self._load_weak_labels(records)
-        labels = weak["labels"] if weak else None
+        labels = weak["labels"] if weak and self.hparams.train_labels == "weak" else None
         margins = weak.get("teacher_margins", {}) if weak else {}
         for kind in self._needed_kinds():
             ds, cached = self._tokenized(kind, records[kind], key)

@@ -29,8 +29,11 @@ def minilm_path() -> str:
         ) from err
 
 
-# Word-level tokenizers built on first use from a generator's closed vocabulary: "builtin:<name>".
-BUILTIN_VOCABULARIES = {"synthetic_shift": "datamodules.synthetic_shift:synthetic_vocabulary"}
+# Word-level tokenizers built on first use from a generator's closed vocabulary: "builtin:<name>" ->
+# (vocabulary function, lowercase, word pattern). The pattern and case must match how the generator splits text.
+BUILTIN_VOCABULARIES = {
+    "synthetic_shift": ("datamodules.synthetic_shift:synthetic_vocabulary", True, r"\w+|[^\w\s]+"),
+}
 FORMAT_WORDS = ("user", "assistant", "system", ":")  # the plain prompt format of pair_tokenization
 
 
@@ -39,10 +42,11 @@ def builtin_tokenizer_dir(name: str, cache_dir: Optional[str] = None) -> str:
         raise ValueError(f"unknown builtin tokenizer {name!r}; known: {sorted(BUILTIN_VOCABULARIES)}")
     import importlib
 
-    module, fn = BUILTIN_VOCABULARIES[name].split(":")
+    target, lowercase, pattern = BUILTIN_VOCABULARIES[name]
+    module, fn = target.split(":")
     words = list(getattr(importlib.import_module(module), fn)()) + list(FORMAT_WORDS)
     cache_dir = cache_dir or os.environ.get("SHIFTGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shiftgen"))
-    return cached_wordlevel_tokenizer(words, cache_dir, name)
+    return cached_wordlevel_tokenizer(words, cache_dir, name, lowercase=lowercase, pattern=pattern)
 
 
 def resolve_pretrained(name_or_path: str) -> str:
@@ -76,17 +80,28 @@ def load_tokenizer(name_or_path: str, padding_side: Optional[str] = None) -> Pre
 
 
 def build_wordlevel_tokenizer(
-    words: Iterable[str], chat_template: Optional[str] = None, padding_side: str = "right"
+    words: Iterable[str], chat_template: Optional[str] = None, padding_side: str = "right",
+    lowercase: bool = False, pattern: str = WORD_PATTERN,
 ) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over a fixed vocabulary (sorted, so the same words give the same ids)."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders
+    """A word-level tokenizer over a fixed vocabulary (sorted, so the same words give the same ids).
+
+    Args:
+        words: the vocabulary (special tokens are added first).
+        chat_template: optional Jinja chat template stored with the tokenizer.
+        padding_side: "right" or "left".
+        lowercase: lowercase text before splitting (the vocabulary must then be lowercase).
+        pattern: regex of one word; text is split on whitespace, then into matches of it.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     specials = list(SPECIAL_TOKENS.values())
     vocab = {tok: i for i, tok in enumerate(specials)}
     for w in sorted(set(words) - set(specials)):
         vocab[w] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated", invert=False)
+    if lowercase:
+        core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), core.pre_tokenizer])
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
     tok = PreTrainedTokenizerFast(tokenizer_object=core, padding_side=padding_side, **SPECIAL_TOKENS)
@@ -95,14 +110,15 @@ def build_wordlevel_tokenizer(
     return tok
 
 
-def cached_wordlevel_tokenizer(words: Iterable[str], cache_dir: str, name: str) -> str:
-    """Build (once) and save a word-level tokenizer; returns its directory, keyed by the vocabulary's hash."""
+def cached_wordlevel_tokenizer(words: Iterable[str], cache_dir: str, name: str, lowercase: bool = False,
+                               pattern: str = WORD_PATTERN) -> str:
+    """Build (once) and save a word-level tokenizer; returns its directory, keyed by its vocabulary and settings."""
     words = sorted(set(words))
-    digest = hashlib.sha1("\n".join(words).encode("utf-8")).hexdigest()[:12]
+    digest = hashlib.sha1("\n".join(words + [str(lowercase), pattern]).encode("utf-8")).hexdigest()[:12]
     out = os.path.join(cache_dir, "tokenizers", f"{name}-{digest}")
     if not os.path.isfile(os.path.join(out, "tokenizer.json")):
         tmp = f"{out}.tmp{os.getpid()}"
-        build_wordlevel_tokenizer(words).save_pretrained(tmp)
+        build_wordlevel_tokenizer(words, lowercase=lowercase, pattern=pattern).save_pretrained(tmp)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         try:
             os.replace(tmp, out)  # atomic: a concurrent or interrupted build never leaves a half directory

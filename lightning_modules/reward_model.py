@@ -22,7 +22,7 @@ from lightning_modules.backbones import (
 )
 from lightning_modules.heads import Pooling, RewardHead
 from lightning_modules.losses import masked_mse, reward_centering_loss
-from lightning_modules.metrics import PairwiseAccuracy
+from lightning_modules.metrics import PairwiseAccuracy, TransferScores
 from lightning_modules.objectives import GoldBradleyTerry, PreferenceObjective
 
 
@@ -47,6 +47,7 @@ class RewardModelModule(LightningModule):
         gradient_checkpointing: recompute activations in backward to save memory.
         disable_dropout: set every dropout to 0 (deterministic rewards; student and reference then match).
         freeze_layers: freeze the embeddings and the first k transformer layers (CPU-friendly fine-tuning).
+        ceiling_results: a ceiling run's `test_results.json`: adds PGR to the transfer scores of `test`.
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -67,6 +68,7 @@ class RewardModelModule(LightningModule):
         gradient_checkpointing: bool = False,
         disable_dropout: bool = True,
         freeze_layers: int = 0,
+        ceiling_results: Optional[str] = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
@@ -102,6 +104,7 @@ class RewardModelModule(LightningModule):
         self.head = RewardHead(hidden_size(self.backbone), pooling)
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
+        self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
 
     # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
     @property
@@ -164,9 +167,12 @@ class RewardModelModule(LightningModule):
     # ---- evaluation --------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         if stage == "test" and self._trainer is not None and self.trainer.datamodule is not None:
-            for name in self.trainer.datamodule.test_split_names:
+            dm = self.trainer.datamodule
+            for name in dm.test_split_names:
                 if name not in self.test_metrics:
                     self.test_metrics[name] = PairwiseAccuracy()
+            if getattr(dm.hparams, "teacher_checkpoint", None) or getattr(dm.hparams, "weak_labels", None):
+                self.transfer = TransferScores(dm.test_split_names, dm.source, self._ceiling(dm.source))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         margin = self.pair_margins(batch)
@@ -176,7 +182,10 @@ class RewardModelModule(LightningModule):
 
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         name = self.trainer.datamodule.test_split_names[dataloader_idx]
-        self.test_metrics[name].update(self.pair_margins(batch), batch["index"])
+        margin = self.pair_margins(batch)
+        self.test_metrics[name].update(margin, batch["index"])
+        if self.transfer is not None and "teacher_margin" in batch:
+            self.transfer.update(name, margin, batch["teacher_margin"], batch["index"])
 
     def on_test_epoch_end(self) -> None:
         results = {}
@@ -185,10 +194,17 @@ class RewardModelModule(LightningModule):
             results[name] = {"acc": float(acc), "pairs": metric.pairs_counted}
             self.log(f"test/acc/{name}", acc.float(), add_dataloader_idx=False, rank_zero_only=False)
             metric.reset()
+        if self.transfer is not None:
+            scores = self.transfer.compute()
+            self.transfer.reset()
+            results["transfer"] = scores
+            self.log_dict(transfer_log_dict(scores), add_dataloader_idx=False)
         self.test_results = results
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank asks
         if self.trainer.is_global_zero:
             rank_zero_info(format_accuracy_table(results, self.trainer.datamodule.source))
+            if "transfer" in results:
+                rank_zero_info(format_transfer_table(results["transfer"], self.trainer.datamodule.source))
             if log_dir:
                 os.makedirs(log_dir, exist_ok=True)
                 with open(os.path.join(log_dir, "test_results.json"), "w") as f:
@@ -212,6 +228,18 @@ class RewardModelModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_state" in checkpoint:
             torch.set_rng_state(checkpoint["rng_state"]["torch"])
+
+    def _ceiling(self, id_split: str) -> Optional[dict]:
+        path = self.hparams.ceiling_results
+        if not path:
+            return None
+        if not os.path.isfile(path):
+            raise ValueError(f"--model.ceiling_results {path!r} does not exist")
+        with open(path) as f:
+            ceiling = json.load(f)
+        if id_split not in ceiling:
+            raise ValueError(f"--model.ceiling_results {path!r} has no result for the ID split {id_split!r}")
+        return {k: 100.0 * v["acc"] for k, v in ceiling.items() if isinstance(v, dict) and "acc" in v}
 
     def _freeze_lower_layers(self, k: int) -> None:
         if k <= 0:
@@ -254,9 +282,32 @@ def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lor
         raise ValueError(f"--model.freeze_layers must be >= 0, got {freeze_layers}")
 
 
+def transfer_log_dict(scores: dict) -> dict[str, float]:
+    """Gains in percent points (the paper's unit); accuracies as fractions, like `test/acc/<split>`."""
+    logs = {"test/wrg": scores["wrg"], "test/aog_mean": scores["aog_mean"], "test/nts": scores["nts"]}
+    logs.update({f"test/aog/{t}": v for t, v in scores["aog"].items()})
+    logs.update({f"test/acc_teacher/{k}": v / 100.0 for k, v in scores["acc_teacher"].items()})  # a fraction, as test/acc
+    if "pgr" in scores:
+        logs["test/pgr"] = scores["pgr"]
+    return logs
+
+
+def format_transfer_table(scores: dict, id_source: str) -> str:
+    lines = ["", "| split | role | teacher acc | student acc | gain (WRG / AOG) |", "|---|---|---|---|---|"]
+    for name, acc in scores["acc_student"].items():
+        role = "ID" if name == id_source else "OOD"
+        gain = scores["wrg"] if name == id_source else scores["aog"][name]
+        lines.append(f"| {name} | {role} | {scores['acc_teacher'][name]:.2f} | {acc:.2f} | {gain:+.2f} |")
+    extra = f", PGR {scores['pgr']:.3f}" if "pgr" in scores else ""
+    lines.append(f"\nmean AOG {scores['aog_mean']:+.2f} pp, NTS {scores['nts']:+.2f} pp{extra}")
+    return "\n".join(lines)
+
+
 def format_accuracy_table(results: dict, id_source: Optional[str]) -> str:
     lines = ["", "| split | role | pairs | accuracy |", "|---|---|---|---|"]
     for name, r in results.items():
+        if name == "transfer":
+            continue
         role = "ID" if name == id_source else "OOD"
         lines.append(f"| {name} | {role} | {r['pairs']} | {100 * r['acc']:.2f} |")
     return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""Tables and figures of a W2S protocol run: rows = methods, columns = ID accuracy, WRG, AOG per target, mean AOG,
+NTS, PGR (percent points, mean ± std over seeds), as in the paper's tables; plus TensorBoard figures."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+from datamodules.weak_labels import atomic_write_json
+
+
+def row_scores(stage: dict, id_source: str, is_teacher: bool) -> dict[str, float]:
+    """One stage's scores in percent points (the teacher's own row has zero gains by definition)."""
+    test = stage["test"]
+    if is_teacher:
+        scores = {"acc/" + k: 100.0 * v["acc"] for k, v in test.items() if k != "transfer"}
+        targets = [k for k in scores if k != "acc/" + id_source]
+        scores.update({"wrg": 0.0, "aog_mean": 0.0, "nts": 0.0, **{"aog/" + t[4:]: 0.0 for t in targets}})
+        return scores
+    tr = test["transfer"]
+    scores = {"acc/" + k: v for k, v in tr["acc_student"].items()}
+    scores.update({"teacher_acc/" + k: v for k, v in tr["acc_teacher"].items()})
+    scores.update({"wrg": tr["wrg"], "aog_mean": tr["aog_mean"], "nts": tr["nts"]})
+    scores.update({"aog/" + t: v for t, v in tr["aog"].items()})
+    if "pgr" in tr:
+        scores["pgr"] = tr["pgr"]
+    for key, value in flatten_drift(stage.get("drift") or {}).items():
+        scores["drift/" + key] = value
+    return scores
+
+
+def flatten_drift(drift: dict, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for k, v in drift.items():
+        if isinstance(v, dict):
+            out.update(flatten_drift(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)):
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    vals = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return float("nan"), float("nan")
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict[str, dict[str, Any]]]:
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for method, per_seed in raw.items():
+        scores = {seed: row_scores(stage, id_source, method == "teacher") for seed, stage in per_seed.items()}
+        keys = sorted({k for s in scores.values() for k in s})
+        table[method] = {}
+        for key in keys:
+            values = {seed: s[key] for seed, s in scores.items() if key in s}
+            m, sd = mean_std(list(values.values()))
+            table[method][key] = {"mean": m, "std": sd, "per_seed": values}
+    return table
+
+
+def display_columns(id_source: str, targets: list[str], has_pgr: bool) -> list[tuple[str, str]]:
+    cols = [(f"acc/{id_source}", "ID acc"), ("wrg", "WRG")]
+    cols += [(f"aog/{t}", f"AOG {t}") for t in targets]
+    cols += [("aog_mean", "mean AOG"), ("nts", "NTS")]
+    if has_pgr:
+        cols.append(("pgr", "PGR"))
+    return cols
+
+
+def fmt(cell: dict | None, key: str) -> str:
+    if cell is None or math.isnan(cell["mean"]):
+        return "–"
+    if key == "pgr":
+        return f"{cell['mean']:.2f} ± {cell['std']:.2f}"
+    sign = "+" if not key.startswith("acc/") and cell["mean"] >= 0 else ""
+    return f"{sign}{cell['mean']:.1f} ± {cell['std']:.1f}"
+
+
+def write_reports(p, raw: dict[str, dict[int, dict]]) -> dict:
+    first = next(iter(raw["teacher"].values()))["test"]
+    splits = [k for k in first if k != "transfer"]
+    id_source, targets = splits[0], splits[1:]
+    table = aggregate(raw, id_source)
+    has_pgr = any("pgr" in row for row in table.values())
+    cols = display_columns(id_source, targets, has_pgr)
+    results = {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
+               "columns": [c for c, _ in cols], "rows": table,
+               "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
+    atomic_write_json(results, os.path.join(p.out_dir, "results.json"))
+    with open(os.path.join(p.out_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method"] + [f"{c}_{s}" for c, _ in cols for s in ("mean", "std")])
+        for method, row in table.items():
+            writer.writerow([method] + [f"{row[c][s]:.4f}" if c in row else "" for c, _ in cols for s in ("mean", "std")])
+    md = markdown_table(table, cols, len(p.seeds))
+    with open(os.path.join(p.out_dir, "results.md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    write_figures(p.out_dir, table, targets)
+    return results
+
+
+def markdown_table(table: dict, cols: list[tuple[str, str]], n_seeds: int) -> str:
+    lines = [f"Percent points, mean ± std over {n_seeds} seed(s). Teacher and student scored on the same pairs.", "",
+             "| method | " + " | ".join(name for _, name in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for method, row in table.items():
+        lines.append(f"| {method} | " + " | ".join(fmt(row.get(c), c) for c, _ in cols) + " |")
+    return "\n".join(lines)
+
+
+def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
+    """AOG heatmap (method × target), NTS bars, and drift vs mean OOD accuracy, to TensorBoard and PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from torch.utils.tensorboard import SummaryWriter
+
+    methods = [m for m in table if m != "teacher"]
+    if not methods:
+        return
+    fig_dir = os.path.join(out_dir, "figures")
+    os.makedirs(fig_dir, exist_ok=True)
+    writer = SummaryWriter(os.path.join(out_dir, "summary"))
+    figures = {}
+
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(targets), 0.9 + 0.45 * len(methods)))
+    grid = [[table[m].get(f"aog/{t}", {"mean": float("nan")})["mean"] for t in targets] for m in methods]
+    lim = max([abs(v) for row in grid for v in row if not math.isnan(v)] + [1.0])
+    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(targets)), targets, rotation=20, ha="right")
+    ax.set_yticks(range(len(methods)), methods)
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax, label="AOG (pp)")
+    ax.set_title("Absolute OOD gain over the teacher")
+    fig.tight_layout()
+    figures["aog_heatmap"] = fig
+
+    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(methods), 3.2))
+    means = [table[m]["nts"]["mean"] for m in methods]
+    stds = [table[m]["nts"]["std"] for m in methods]
+    ax.bar(range(len(methods)), means, yerr=stds, color=["tab:green" if v >= 0 else "tab:red" for v in means])
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
+    ax.set_ylabel("NTS (pp)")
+    ax.set_title("Net transfer score")
+    fig.tight_layout()
+    figures["nts_bars"] = fig
+
+    drift_key = _headline_drift_key(table, methods)
+    if drift_key:
+        fig, ax = plt.subplots(figsize=(4.5, 3.5))
+        for m in methods:
+            if drift_key in table[m]:
+                ood = statistics.fmean(table[m][f"acc/{t}"]["mean"] for t in targets)
+                ax.scatter(table[m][drift_key]["mean"], ood)
+                ax.annotate(m, (table[m][drift_key]["mean"], ood), fontsize=8)
+        ax.set_xlabel(drift_key.replace("drift/", "drift: "))
+        ax.set_ylabel("mean OOD accuracy (%)")
+        ax.set_title("Representational drift vs OOD accuracy")
+        fig.tight_layout()
+        figures["drift_vs_ood"] = fig
+
+    for name, fig in figures.items():
+        fig.savefig(os.path.join(fig_dir, f"{name}.png"), dpi=120)
+        writer.add_figure(f"w2s/{name}", fig)
+        plt.close(fig)
+    writer.close()
+
+
+def _headline_drift_key(table: dict, methods: list[str]) -> str | None:
+    keys = sorted({k for m in methods for k in table[m] if k.startswith("drift/") and "mse" in k})
+    return keys[-1] if keys else None
