@@ -125,7 +125,8 @@ def run_stage(stage_dir: str, base_args: list[str], checkpoint: str) -> dict:
         raise RuntimeError(f"{stage_dir}: no checkpoint was saved (the trainer config needs a ModelCheckpoint "
                            "with save_last: true)")
     fit_seconds = time.time() - start
-    drift = getattr(_find_drift_callback(fit.trainer), "final_drift", None)
+    drift_cb = _find_drift_callback(fit.trainer)
+    drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> value}
     del fit
     test_args = ["test", *base_args, *logger, "--trainer.logger.init_args.version=test", f"--ckpt_path={ckpt}",
                  "--verbose=false"]

@@ -62,20 +62,30 @@ def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict
     return table
 
 
-def display_columns(id_source: str, targets: list[str], has_pgr: bool) -> list[tuple[str, str]]:
+def display_columns(id_source: str, targets: list[str], has_pgr: bool, drift_keys: list[str]) -> list[tuple[str, str]]:
     cols = [(f"acc/{id_source}", "ID acc"), ("wrg", "WRG")]
     cols += [(f"aog/{t}", f"AOG {t}") for t in targets]
     cols += [("aog_mean", "mean AOG"), ("nts", "NTS")]
     if has_pgr:
         cols.append(("pgr", "PGR"))
+    cols += [(k, "OOD drift " + k.split("/")[3] + " (" + k.split("/")[4] + ")") for k in drift_keys]
     return cols
+
+
+def headline_drift_keys(table: dict) -> list[str]:
+    """The OOD-mean drift at the deepest measured layer: MSE and CKA (the results-table columns)."""
+    keys = {k for row in table.values() for k in row if k.startswith("drift/ood_mean/")}
+    if not keys:
+        return []
+    deepest = max(int(k.rsplit("layer", 1)[1]) for k in keys)
+    return [k for k in (f"drift/ood_mean/mse/layer{deepest}", f"drift/ood_mean/cka/layer{deepest}") if k in keys]
 
 
 def fmt(cell: dict | None, key: str) -> str:
     if cell is None or math.isnan(cell["mean"]):
         return "–"
-    if key == "pgr":
-        return f"{cell['mean']:.2f} ± {cell['std']:.2f}"
+    if key == "pgr" or key.startswith("drift/"):
+        return f"{cell['mean']:.3g} ± {cell['std']:.2g}"
     sign = "+" if not key.startswith("acc/") and cell["mean"] >= 0 else ""
     return f"{sign}{cell['mean']:.1f} ± {cell['std']:.1f}"
 
@@ -86,7 +96,7 @@ def write_reports(p, raw: dict[str, dict[int, dict]]) -> dict:
     id_source, targets = splits[0], splits[1:]
     table = aggregate(raw, id_source)
     has_pgr = any("pgr" in row for row in table.values())
-    cols = display_columns(id_source, targets, has_pgr)
+    cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
     results = {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
                "columns": [c for c, _ in cols], "rows": table,
                "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
@@ -154,8 +164,9 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
     fig.tight_layout()
     figures["nts_bars"] = fig
 
-    drift_key = _headline_drift_key(table, methods)
-    if drift_key:
+    drift_keys = headline_drift_keys(table)
+    if drift_keys:
+        drift_key = drift_keys[0]
         fig, ax = plt.subplots(figsize=(4.5, 3.5))
         for m in methods:
             if drift_key in table[m]:
@@ -173,8 +184,3 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
         writer.add_figure(f"w2s/{name}", fig)
         plt.close(fig)
     writer.close()
-
-
-def _headline_drift_key(table: dict, methods: list[str]) -> str | None:
-    keys = sorted({k for m in methods for k in table[m] if k.startswith("drift/") and "mse" in k})
-    return keys[-1] if keys else None
