@@ -23,7 +23,7 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/python -m protocols.demo
+	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
 
 test: venv
 	HF_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q

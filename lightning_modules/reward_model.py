@@ -90,6 +90,7 @@ class RewardModelModule(LightningModule):
                 f"tokenizer {self.tokenizer_name!r} has {len(tok)} tokens but backbone {backbone!r} only "
                 f"{self.backbone.get_input_embeddings().num_embeddings} embeddings: they do not belong together"
             )
+        self.backbone.train()  # from_pretrained returns eval mode; Lightning keeps whatever mode it finds
         if disable_dropout:
             _disable_dropout_everywhere(self.backbone)
         self._freeze_lower_layers(freeze_layers)

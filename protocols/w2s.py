@@ -119,12 +119,13 @@ def run_stage(stage_dir: str, base_args: list[str], checkpoint: str) -> dict:
     _append_command(stage_dir, fit_args)
     start = time.time()
     fit = main(fit_args)
-    callback = fit.trainer.checkpoint_callback
-    ckpt = callback.best_model_path if checkpoint == "best" and callback.best_model_path else callback.last_model_path
-    if not ckpt:
-        raise RuntimeError(f"{stage_dir}: no checkpoint was saved (the trainer config needs a ModelCheckpoint "
-                           "with save_last: true)")
     fit_seconds = time.time() - start
+    callback = fit.trainer.checkpoint_callback
+    if checkpoint == "best" and callback is not None and callback.best_model_path:
+        ckpt = callback.best_model_path
+    else:  # the final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run)
+        ckpt = os.path.join(stage_dir, "final.ckpt")
+        fit.trainer.save_checkpoint(ckpt)
     drift_cb = _find_drift_callback(fit.trainer)
     drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> value}
     del fit

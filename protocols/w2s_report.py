@@ -68,7 +68,7 @@ def display_columns(id_source: str, targets: list[str], has_pgr: bool, drift_key
     cols += [("aog_mean", "mean AOG"), ("nts", "NTS")]
     if has_pgr:
         cols.append(("pgr", "PGR"))
-    cols += [(k, "OOD drift " + k.split("/")[3] + " (" + k.split("/")[4] + ")") for k in drift_keys]
+    cols += [(k, f"OOD drift {k.split('/')[2]} ({k.split('/')[3]})") for k in drift_keys]
     return cols
 
 
