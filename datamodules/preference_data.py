@@ -91,6 +91,9 @@ class PreferenceDataModule(pl.LightningDataModule):
             attached to the test pairs, so teacher and student are scored on the same pairs.
         weak_labels: path of a weak-label file written by `datamodules.weak_labels` (instead of computing it).
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
+        teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
+            teacher that knows part of the true rule (e.g. {"artifact_rate": 0.6}: the artifact is a weaker cue
+            in the teacher's data, so it must learn more of the rule). The student half is unchanged.
         train_labels: "weak" trains on the teacher's soft labels; "gold" keeps the gold labels (the ceiling)
             while the teacher's test margins still give teacher-vs-student scores on the same pairs.
         batch_size: pairs per training batch (2x sequences per forward).
@@ -119,6 +122,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         weak_labels: Optional[str] = None,
         label_seed: Optional[int] = None,
         train_labels: str = "weak",
+        teacher_source_options: dict = {},
         batch_size: int = 16,
         eval_batch_size: int = 64,
         length_grouped: bool = True,
@@ -174,17 +178,23 @@ class PreferenceDataModule(pl.LightningDataModule):
             return part.records
 
         rng = random.Random(hp.seed)
-        train = load(src, "train")
-        rng.shuffle(train)
+        train, validation = self._shuffled_train(load(src, "train"), src)
         if "validation" in src.available_splits():
             validation = load(src, "validation")
-        else:
-            n_val = max(1, int(round(hp.val_fraction * len(train))))
-            validation, train = train[:n_val], train[n_val:]
-        train = self._cap(train, "train")
         n_teacher = int(round(hp.teacher_fraction * len(train)))
+        teacher_half = train[:n_teacher]
+        if hp.teacher_source_options:
+            # The teacher half from a variant of the source (e.g. a weaker artifact correlation): the same
+            # seeded shuffle and cut, so its pairs stand where the default source's teacher half would.
+            variant = build_source(self.source, hp.local_dirs.get(self.source),
+                                   **{**hp.source_options.get(self.source, {}), **hp.teacher_source_options})
+            variant_train, _ = self._shuffled_train(variant.load("train").records, variant)
+            if len(variant_train) != len(train):
+                raise DataError(f"--data.teacher_source_options changes the size of {self.source}'s train split "
+                                f"({len(variant_train)} vs {len(train)} pairs): it may change artifacts, not sizes")
+            teacher_half = variant_train[:n_teacher]
         records = {
-            "train_teacher": train[:n_teacher],
+            "train_teacher": teacher_half,
             "train_student": train[n_teacher:],
             "validation": self._cap(validation, "validation", rng),
         }
@@ -197,6 +207,16 @@ class PreferenceDataModule(pl.LightningDataModule):
                 raise DataError(f"split {kind!r} of --data.source {self.source} is empty (after filtering and "
                                 f"--data.max_pairs / --data.teacher_fraction)")
         return records, report
+
+    def _shuffled_train(self, train: list[dict], src) -> tuple[list[dict], list[dict]]:
+        """Seeded shuffle; a carved validation split when the source has none; the train cap."""
+        train = list(train)
+        random.Random(self.hparams.seed).shuffle(train)
+        validation: list[dict] = []
+        if "validation" not in src.available_splits():
+            n_val = max(1, int(round(self.hparams.val_fraction * len(train))))
+            validation, train = train[:n_val], train[n_val:]
+        return self._cap(train, "train"), validation
 
     def _cap(self, records: list[dict], kind: str, rng: Optional[random.Random] = None) -> list[dict]:
         cap = self.hparams.max_pairs.get(kind)

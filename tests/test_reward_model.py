@@ -110,3 +110,22 @@ def test_halves_are_disjoint_seeded_and_recorded(word_tokenizer_dir, cache_dir, 
     assert {r["id"] for r in same["train_teacher"]} == teacher
     manifest = json.load(open(os.path.join(trainer.log_dir, "data_manifest.json")))
     assert manifest["sizes"]["test/" + SOURCE] == 41
+
+
+def test_teacher_source_options_change_only_the_teacher_half(word_tokenizer_dir, cache_dir):
+    from datamodules.synthetic_shift import has_artifact
+    from tests.helpers import synth_options
+
+    opts = synth_options(n_train=1000)
+    base, _ = tiny_data(word_tokenizer_dir, cache_dir, source_options=opts).load_records()
+    variant, _ = tiny_data(word_tokenizer_dir, cache_dir, source_options=opts,
+                           teacher_source_options={"artifact_rate": 0.5}).load_records()
+    assert variant["train_student"] == base["train_student"]
+    assert [r["id"] for r in variant["train_teacher"]] == [r["id"] for r in base["train_teacher"]]
+
+    def chosen_artifact_share(records):
+        marked = [r for r in records if has_artifact("helpful", r["chosen"]) != has_artifact("helpful", r["rejected"])]
+        return sum(has_artifact("helpful", r["chosen"]) for r in marked) / len(marked)
+
+    assert chosen_artifact_share(base["train_teacher"]) == pytest.approx(0.85, abs=0.05)
+    assert chosen_artifact_share(variant["train_teacher"]) == pytest.approx(0.5, abs=0.07)
