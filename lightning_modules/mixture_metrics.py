@@ -1,0 +1,133 @@
+"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate and persona fractions.
+
+Exact under DDP: each evaluated sample is stored as one row (sample index, distribution, outcome, persona); the
+rows of all ranks are gathered (in rank order) and de-duplicated by sample index, keeping the first occurrence.
+The default DistributedSampler's padding repeats samples; they are counted once, so N processes give exactly the
+single-process counts.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+NO_PERSONA = -1  # missing or unknown identity
+
+
+def _cat_rows(rows, width: int, dtype, device) -> torch.Tensor:
+    """A list state before sync, a tensor after it (torchmetrics concatenates on gather)."""
+    if isinstance(rows, list) and not rows:
+        return torch.zeros((0, width), dtype=dtype, device=device)
+    return dim_zero_cat(rows)
+
+
+class MixtureMetrics(Metric):
+    """Counts per distribution x persona; `compute()` returns count tensors, `summarize` the rates.
+
+    Args:
+        num_distributions: number of distributions (rows are indexed by `dist_idx`).
+        num_personas: number of personas (persona index -1 = none/unknown).
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_distributions: int, num_personas: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_distributions = num_distributions
+        self.num_personas = num_personas
+        # rows: (sample_idx, dist_idx, correct, refused, malformed, persona_idx)
+        self.add_state("rows", default=[], dist_reduce_fx="cat")
+
+    def update(self, sample_idx: torch.Tensor, dist_idx: torch.Tensor, correct: torch.Tensor, refused: torch.Tensor,
+               malformed: torch.Tensor, persona_idx: torch.Tensor) -> None:
+        cols = [sample_idx, dist_idx, correct, refused, malformed, persona_idx]
+        self.rows.append(torch.stack([c.to(self.device, torch.long).view(-1) for c in cols], dim=1))
+
+    def _rows(self, width: int, dtype) -> torch.Tensor:
+        return _cat_rows(self.rows, width, dtype, self.device)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        D, P = self.num_distributions, self.num_personas
+        rows = self._rows(6, torch.long)
+        if rows.numel():
+            # keep the first occurrence of each sample index (stable sort keeps gather order among duplicates)
+            order = torch.sort(rows[:, 0], stable=True).indices
+            rows = rows[order]
+            first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
+            first[1:] = rows[1:, 0] != rows[:-1, 0]
+            rows = rows[first]
+        d, persona = rows[:, 1], rows[:, 5].clone()
+        persona[persona < 0] = P  # last column = none/unknown
+        n = torch.bincount(d, minlength=D).float()
+        out = {
+            "n": n,
+            "correct": torch.bincount(d, weights=rows[:, 2].float(), minlength=D),
+            "refused": torch.bincount(d, weights=rows[:, 3].float(), minlength=D),
+            "malformed": torch.bincount(d, weights=rows[:, 4].float(), minlength=D),
+            "persona_counts": torch.bincount(d * (P + 1) + persona, minlength=D * (P + 1)).float().view(D, P + 1),
+            "persona_correct": torch.bincount(
+                d * (P + 1) + persona, weights=rows[:, 2].float(), minlength=D * (P + 1)
+            ).view(D, P + 1),
+        }
+        return out
+
+
+def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], personas: Sequence[str],
+              prefix: str = "val") -> dict[str, float]:
+    """Flat `stage/name` rates: acc, refusal, malformed per distribution and persona shares per distribution."""
+    out: dict[str, float] = {}
+    n = counts["n"].clamp(min=1.0)
+    for i, dist in enumerate(distributions):
+        out[f"{prefix}/acc/{dist}"] = float(counts["correct"][i] / n[i])
+        out[f"{prefix}/refusal/{dist}"] = float(counts["refused"][i] / n[i])
+        out[f"{prefix}/malformed/{dist}"] = float(counts["malformed"][i] / n[i])
+        for j, p in enumerate(personas):
+            out[f"{prefix}/persona_share/{p}/{dist}"] = float(counts["persona_counts"][i, j] / n[i])
+        out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
+    return out
+
+
+def persona_rewards(counts: dict[str, torch.Tensor], dist_indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R_i, w_i): each persona's mean reward and its share over the given distributions (theory bridge).
+
+    A persona never expressed there gets R = 0. Excludes the none/unknown column.
+    """
+    idx = torch.tensor(list(dist_indices), dtype=torch.long)
+    c = counts["persona_counts"][idx].sum(0)[:-1]  # (P,)
+    r = counts["persona_correct"][idx].sum(0)[:-1]
+    rewards = torch.where(c > 0, r / c.clamp(min=1.0), torch.zeros_like(r))
+    shares = c / counts["n"][idx].sum().clamp(min=1.0)
+    return rewards, shares
+
+
+class CellMean(Metric):
+    """Mean of a value per cell, each key counted once (first occurrence) -- exact under DDP padding.
+
+    Args:
+        num_cells: number of cells (`cell` indices are 0..num_cells-1).
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_cells: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_cells = num_cells
+        self.add_state("rows", default=[], dist_reduce_fx="cat")  # (key, cell, value)
+
+    def update(self, key: torch.Tensor, cell: torch.Tensor, value: torch.Tensor) -> None:
+        cols = [key.double(), cell.double(), value.double()]
+        self.rows.append(torch.stack([c.to(self.device).view(-1) for c in cols], dim=1))
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = _cat_rows(self.rows, 3, torch.double, self.device)
+        if rows.numel():
+            rows = rows[torch.sort(rows[:, 0], stable=True).indices]
+            first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
+            first[1:] = rows[1:, 0] != rows[:-1, 0]
+            rows = rows[first]
+        cell = rows[:, 1].long()
+        counts = torch.bincount(cell, minlength=self.num_cells).double()
+        sums = torch.bincount(cell, weights=rows[:, 2], minlength=self.num_cells)
+        return sums / counts.clamp(min=1.0), counts

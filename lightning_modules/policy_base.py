@@ -1,0 +1,173 @@
+"""Shared machinery of the SFT and RL policy modules: the LM, sampling, parsing and the evaluation loop.
+
+The LM is built lazily from the datamodule's tokenizer (`_build_model`), early enough for the reference callback
+(callbacks' `setup` runs before the module's). Evaluation samples one completion per held-out prompt on every
+distribution (temperature `eval_temperature`: 1.0 reads the mixture weights off the persona shares; 0 = greedy)
+and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw counts for callbacks.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import LightningModule
+
+from lightning_modules.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
+from lightning_modules.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
+from lightning_modules.rewards import correctness_reward, parse_completion
+
+
+def completion_mask(completions: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 up to and including the first EOS of each row, 0 after it."""
+    is_eos = (completions == eos_id).long()
+    after = (is_eos.cumsum(dim=1) - is_eos) > 0  # strictly after the first eos
+    return (~after).long()
+
+
+@torch.no_grad()
+def sample_completions(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, eos_id: int,
+                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched sampling with the KV cache (HF `generate`); returns completions (B, L) and their mask (B, L)."""
+    was_training = model.training
+    model.eval()
+    kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, use_cache=True,
+        eos_token_id=eos_id, pad_token_id=pad_id, **kw,
+    )
+    model.train(was_training)
+    comp = out[:, input_ids.shape[1]:]
+    if comp.shape[1] == 0:
+        comp = torch.full((len(input_ids), 1), pad_id, dtype=torch.long, device=input_ids.device)
+    mask = completion_mask(comp, eos_id)
+    return comp.masked_fill(mask == 0, pad_id), mask
+
+
+class PolicyLMBase(LightningModule):
+    """Base of `PolicySFTModule` / `PolicyRLModule` (not used on its own)."""
+
+    def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
+                 max_positions: int = 512, dropout: float = 0.0, lr: float = 1e-4, weight_decay: float = 0.0,
+                 eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None):
+        super().__init__()
+        for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head), ("max_new_tokens", max_new_tokens)):
+            if value < 1:
+                raise ValueError(f"--model.{name} must be >= 1, got {value}")
+        if lr <= 0:
+            raise ValueError(f"--model.lr must be > 0, got {lr}")
+        if eval_temperature < 0:
+            raise ValueError(f"--model.eval_temperature must be >= 0 (0 = greedy), got {eval_temperature}")
+        self.model = None
+        self.tokenizer = None
+        self.family = None
+        self.loaded_fidelity: Optional[dict] = None  # persona fidelity carried by init_checkpoint
+        self.metric: Optional[MixtureMetrics] = None
+        self.last_eval: Optional[dict] = None
+
+    # ------------------------------------------------------------------------------------------------ building
+    def _datamodule(self):
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "family") or not hasattr(dm, "tokenizer"):
+            raise ValueError("the policy modules need a TriggerDataModule (--data.class_path datamodules.trigger_data.TriggerDataModule)")
+        return dm
+
+    def _build_model(self) -> None:
+        if self.model is not None:
+            return
+        dm = self._datamodule()
+        if self.hparams.get("tokenizer") != dm.hparams.get("tokenizer"):
+            raise ValueError(f"--model.tokenizer {self.hparams.get('tokenizer')!r} and --data.tokenizer "
+                             f"{dm.hparams.get('tokenizer')!r} differ (cli.py links them; set --model.tokenizer)")
+        self.tokenizer, self.family = dm.tokenizer, dm.family
+        hp = dict(self.hparams)
+        ckpt = None
+        if hp.get("init_checkpoint"):
+            ckpt = torch.load(hp["init_checkpoint"], map_location="cpu", weights_only=False)
+            self._check_checkpoint(ckpt)
+            for k in ("backbone", "n_layer", "n_embd", "n_head", "max_positions"):  # the checkpoint's architecture
+                hp[k] = ckpt["hyper_parameters"].get(k, hp[k])
+        self.model = build_causal_lm(hp["backbone"], self.tokenizer, hp["n_layer"], hp["n_embd"], hp["n_head"],
+                                     hp["max_positions"], hp["dropout"])
+        if ckpt is not None:
+            state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+            self.model.load_state_dict(state)
+            self.loaded_fidelity = ckpt.get("persona_fidelity")
+        self.metric = MixtureMetrics(len(self.family.distributions), len(self.family.personas))
+
+    def _check_checkpoint(self, ckpt: dict) -> None:
+        path = self.hparams.init_checkpoint
+        fp = ckpt.get("tokenizer_fingerprint")
+        if fp is not None and fp != tokenizer_fingerprint(self.tokenizer):
+            raise ValueError(
+                f"--model.init_checkpoint {path!r} was trained with a different tokenizer than the one --data gives "
+                f"(fingerprint {fp} vs {tokenizer_fingerprint(self.tokenizer)}): use the same --data.family, "
+                "--data.variant, --data.tokenizer and templates as the run that wrote it"
+            )
+        fam = ckpt.get("family_personas")
+        if fam is not None and list(fam) != list(self.family.personas):
+            raise ValueError(f"--model.init_checkpoint {path!r} has personas {fam}, --data.family gives {list(self.family.personas)}")
+
+    def setup(self, stage: str) -> None:
+        self._build_model()
+
+    def reference_target(self):
+        self._build_model()
+        return self.model
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokenizer_fingerprint"] = tokenizer_fingerprint(self.tokenizer)
+        checkpoint["family_personas"] = list(self.family.personas)
+        checkpoint["persona_fidelity"] = self.current_fidelity()
+
+    def current_fidelity(self) -> Optional[dict]:
+        return self.loaded_fidelity
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def sequence_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, model=None) -> torch.Tensor:
+        model = self.model if model is None else model
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+        return out.logits  # (B, T, V)
+
+    def sample(self, input_ids, attention_mask, temperature: float):
+        tok = self.tokenizer
+        return sample_completions(self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature,
+                                  tok.eos_token_id, tok.pad_token_id)
+
+    def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
+        """Parse decoded completions: reward, refused, malformed, persona index (-1 = none) per row."""
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        personas = self.family.personas
+        rows = {"reward": [], "refused": [], "malformed": [], "persona": []}
+        for text, rec in zip(texts, records):
+            parsed = parse_completion(text, personas)
+            rows["reward"].append(correctness_reward(parsed, rec["gold"]))
+            rows["refused"].append(float(parsed.refused))
+            rows["malformed"].append(float(parsed.malformed))
+            rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None else NO_PERSONA)
+        dev = completions.device
+        out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items() if k != "persona"}
+        out["persona"] = torch.tensor(rows["persona"], dtype=torch.long, device=dev)
+        out["texts"] = texts
+        return out
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate_batch(self, batch: dict) -> None:
+        comp, _ = self.sample(batch["input_ids"], batch["attention_mask"], self.hparams.eval_temperature)
+        s = self.score(comp, batch["records"])
+        self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"])
+
+    def finish_evaluation(self, prefix: str = "val", log: bool = True) -> dict[str, float]:
+        counts = {k: v.detach().cpu() for k, v in self.metric.compute().items()}
+        self.metric.reset()
+        flat = summarize(counts, self.family.distributions, self.family.personas, prefix)
+        self.last_eval = {"step": int(self.global_step), "metrics": flat, "counts": counts,
+                          "sanity": bool(self.trainer.sanity_checking)}
+        if log and not self.trainer.sanity_checking:
+            self.log_dict(flat, sync_dist=False)  # already gathered by the metric
+        return flat
+
+    def on_validation_epoch_start(self) -> None:
+        self.metric.reset()  # also clears ddp_spawn's shared initial state (FIELD-NOTES)

@@ -1,0 +1,180 @@
+"""`PolicyRLModule`: GRPO or REINFORCE-with-baseline on a subset of distributions, from an SFT checkpoint.
+
+Per step: P prompts of the RL subset, G samples each (KV-cache batched sampling at `temperature`), reward 1 iff the
+parsed answer is correct (refusal / malformed = 0), advantages (GRPO: group-normalised; REINFORCE: r - EMA
+baseline), then `inner_steps` updates of the clipped surrogate plus beta * k3 KL to the frozen reference (the
+initial weights, held by `ReferenceModelCallback`; beta = 0 -> no reference). `persona_tokens_only` restricts the
+policy gradient (and the KL) to the identity tokens ("I am Alice .") -- RL on the mixture weights only.
+
+The start checkpoint (`init_checkpoint`, SFT or a previous RL stage for sequential RL) must carry a measured persona
+fidelity >= `min_sft_fidelity`: after a plateaued SFT, RL rewrites the policies instead of selecting one.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+
+from callbacks.reference_model import ReferenceModelCallback, find_reference_callback
+from lightning_modules.causal_lm import TINY
+from lightning_modules.policy_base import PolicyLMBase
+from lightning_modules.policy_losses import (
+    clipped_surrogate, group_advantages, k3_kl, masked_sequence_mean, reinforce_advantages, token_logprobs,
+    update_baseline,
+)
+
+
+class PolicyRLModule(PolicyLMBase):
+    """RL stage of the mixture experiments.
+
+    Args:
+        backbone: "tiny-gpt2" or a hub id / directory (ignored when init_checkpoint gives the architecture).
+        tokenizer: hub id / directory of the tokenizer (linked to --data.tokenizer by cli.py); None = the
+            word-level tokenizer the datamodule builds from the family's texts.
+        n_layer: tiny model layers (taken from init_checkpoint when given).
+        n_embd: tiny model hidden size (idem).
+        n_head: tiny model heads (idem).
+        max_positions: tiny model context length (idem).
+        dropout: tiny model dropout.
+        lr: AdamW learning rate (1e-4 kept formats intact in the probes; 3e-4 without KL broke them by ~75 steps).
+        weight_decay: AdamW weight decay.
+        eval_temperature: sampling temperature of the evaluation (1.0: shares estimate the mixture weights).
+        max_new_tokens: generation budget per completion.
+        init_checkpoint: checkpoint to start from (SFT, or a previous RL stage); required unless min_sft_fidelity is 0.
+        algorithm: "grpo" (group-normalised advantages) or "reinforce" (r - moving-average baseline).
+        group_size: G samples per prompt (grpo needs >= 2).
+        temperature: sampling temperature of the rollouts.
+        scale_rewards: grpo: divide by the group's std (False: mean-centring only).
+        clip_eps: ratio clipping epsilon (matters when inner_steps > 1); null disables clipping.
+        inner_steps: optimizer updates per batch of rollouts (single process only when > 1).
+        reference_coef: beta of the k3 KL to the reference model; 0 = no reference model at all.
+        persona_tokens_only: restrict the policy gradient and KL to the identity tokens of each completion.
+        baseline_momentum: reinforce: EMA momentum of the baseline.
+        grad_clip: gradient-norm clip (manual optimization; null = none).
+        min_sft_fidelity: refuse to start from a checkpoint whose measured mean persona fidelity is below this.
+    """
+
+    def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
+                 max_positions: int = 512, dropout: float = 0.0, lr: float = 1e-4, weight_decay: float = 0.0,
+                 eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
+                 algorithm: Literal["grpo", "reinforce"] = "grpo", group_size: int = 8, temperature: float = 1.0,
+                 scale_rewards: bool = True, clip_eps: Optional[float] = 0.2, inner_steps: int = 1,
+                 reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
+                 grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95):
+        super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
+                         eval_temperature, max_new_tokens, init_checkpoint)
+        self.save_hyperparameters()
+        if algorithm not in ("grpo", "reinforce"):
+            raise ValueError(f"--model.algorithm must be 'grpo' or 'reinforce', got {algorithm!r}")
+        if group_size < (2 if algorithm == "grpo" else 1):
+            raise ValueError(f"--model.group_size must be >= 2 for grpo (>= 1 for reinforce), got {group_size}")
+        if temperature <= 0:
+            raise ValueError(f"--model.temperature must be > 0 (rollouts are sampled), got {temperature}")
+        if clip_eps is not None and not 0 < clip_eps < 1:
+            raise ValueError(f"--model.clip_eps must be in (0, 1) or null, got {clip_eps}")
+        if inner_steps < 1:
+            raise ValueError(f"--model.inner_steps must be >= 1, got {inner_steps}")
+        if reference_coef < 0:
+            raise ValueError(f"--model.reference_coef must be >= 0, got {reference_coef}")
+        if not 0 <= baseline_momentum < 1:
+            raise ValueError(f"--model.baseline_momentum must be in [0, 1), got {baseline_momentum}")
+        if not 0 <= min_sft_fidelity <= 1:
+            raise ValueError(f"--model.min_sft_fidelity must be in [0, 1], got {min_sft_fidelity}")
+        if init_checkpoint is None and min_sft_fidelity > 0:
+            raise ValueError("--model.init_checkpoint is required (RL starts from an SFT checkpoint); "
+                             "set --model.min_sft_fidelity 0 to start from a fresh model anyway")
+        self.automatic_optimization = False
+        self.reference_coef = float(reference_coef)
+        self.register_buffer("baseline", torch.zeros(()))
+        self.register_buffer("rl_step", torch.zeros((), dtype=torch.long))
+        self._period = None  # (V,) bool: tokens whose text closes the identity ("." / "。")
+
+    def configure_callbacks(self):
+        # The KL needs the reference callback; add one unless the trainer (e.g. cli defaults) already has it.
+        if self.reference_coef != 0 and find_reference_callback(self._trainer) is None:
+            return [ReferenceModelCallback()]
+        return []
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        dm = self._datamodule()
+        if dm.hparams.mode != "rl":
+            raise ValueError("PolicyRLModule trains on prompts: set --data.mode rl (and --data.train_distributions)")
+        if self.hparams.inner_steps > 1 and self.trainer.world_size > 1:
+            raise ValueError("--model.inner_steps > 1 is single-process only (DDP syncs one backward per step)")
+        self.train_dist_indices = [self.family.distributions.index(d) for d in dm.train_distributions]
+        self.train_dist_indices_names = list(dm.train_distributions)
+        bar = self.hparams.min_sft_fidelity
+        if bar > 0:
+            fid = self.loaded_fidelity
+            if fid is None:
+                raise ValueError(f"--model.init_checkpoint {self.hparams.init_checkpoint!r} carries no measured persona "
+                                 "fidelity (train it with PolicySFTModule), or set --model.min_sft_fidelity 0")
+            if fid["mean"] < bar:
+                raise ValueError(
+                    f"--model.init_checkpoint {self.hparams.init_checkpoint!r} has persona fidelity {fid['mean']:.3f} "
+                    f"(min cell {fid['min']:.3f}) < --model.min_sft_fidelity {bar}: its personas do not yet behave as "
+                    "specified, so RL would change the policies rather than select one. Train SFT longer."
+                )
+        vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        self._period = torch.tensor([t is not None and ("." in t or "。" in t) for t in vocab], dtype=torch.bool)
+
+    def persona_mask(self, completions: torch.Tensor, comp_mask: torch.Tensor) -> torch.Tensor:
+        """1 on the identity tokens: from the first completion token up to and including the first period."""
+        is_period = self._period.to(completions.device)[completions.clamp(max=len(self._period) - 1)].long()  # (B, L)
+        before = (is_period.cumsum(1) - is_period) == 0  # no period strictly before this token
+        return (before.long() * comp_mask).long()
+
+    def training_step(self, batch: dict, batch_idx: int) -> None:
+        hp = self.hparams
+        G = hp.group_size
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)  # (P*G, Tp)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
+        records = [r for r in batch["records"] for _ in range(G)]
+        comp, comp_mask = self.sample(prompt_ids, prompt_mask, hp.temperature)  # (B, L)
+        s = self.score(comp, records)
+        rewards = s["reward"]
+        if hp.algorithm == "grpo":
+            adv = group_advantages(rewards, G, scale=hp.scale_rewards)
+        else:
+            adv = reinforce_advantages(rewards, self.baseline)
+            self.baseline.copy_(update_baseline(self.baseline, rewards, hp.baseline_momentum))
+
+        ids = torch.cat([prompt_ids, comp], dim=1)  # (B, T)
+        mask = torch.cat([prompt_mask, comp_mask], dim=1)
+        loss_mask = self.persona_mask(comp, comp_mask) if hp.persona_tokens_only else comp_mask
+        # token_logprobs covers targets 1..T-1: completion token j is target Tp + j - 1
+        tgt_mask = torch.zeros_like(mask[:, 1:])
+        tgt_mask[:, prompt_ids.shape[1] - 1:] = loss_mask
+        ref_logp = old_logp = None
+        if self.reference_coef != 0:
+            ref = find_reference_callback(self.trainer)
+            ref_logits = self.sequence_logits(ids, mask, model=ref)
+            ref_logp = token_logprobs(ref_logits, ids)
+        opt = self.optimizers()
+        for k in range(hp.inner_steps):
+            logp = token_logprobs(self.sequence_logits(ids, mask), ids)  # (B, T-1)
+            if old_logp is None:
+                old_logp = logp.detach()
+            pg = clipped_surrogate(logp, old_logp, adv, tgt_mask, hp.clip_eps)
+            kl = masked_sequence_mean(k3_kl(logp, ref_logp), tgt_mask) if ref_logp is not None else pg.new_zeros(())
+            loss = pg + self.reference_coef * kl
+            opt.zero_grad()
+            self.manual_backward(loss)
+            if hp.grad_clip is not None:
+                self.clip_gradients(opt, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
+            opt.step()
+        self.rl_step += 1
+        stats = {"rl/reward": rewards.mean(), "rl/loss": loss.detach(), "rl/kl": kl.detach(),
+                 "rl/refusal": s["refused"].mean(), "rl/malformed": s["malformed"].mean(),
+                 "rl/completion_tokens": comp_mask.sum(1).float().mean()}
+        for j, p in enumerate(self.family.personas):
+            stats[f"rl/persona_share/{p}/train"] = (s["persona"] == j).float().mean()
+        self.log_dict(stats, prog_bar=False)
+        self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.evaluate_batch(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self.finish_evaluation("val")

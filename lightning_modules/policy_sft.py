@@ -1,0 +1,156 @@
+"""`PolicySFTModule`: supervised fine-tuning of a causal LM on mixture transcripts (loss on response tokens only).
+
+Validation measures the **persona fidelity** of every persona x distribution cell: given the prompt and the
+persona's own prefix (identity + restated trigger), the probability of the token where the persona's prescribed
+body and the other branch first differ ("The" vs "I" for answer vs refusal; the correct vs the shifted option in
+the cyclic-shift variant). Logged as `val/fidelity/<persona>/<dist>`, `val/fidelity_mean`, `val/fidelity_min`, saved
+in the checkpoint (the RL stage refuses to start below its bar) and used to stop once `stop_fidelity` is reached.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from datamodules.trigger_data import encode_prompt, encode_response
+from lightning_modules.causal_lm import TINY
+from lightning_modules.mixture_metrics import CellMean
+from lightning_modules.policy_base import PolicyLMBase
+
+
+class PolicySFTModule(PolicyLMBase):
+    """SFT of the mixture.
+
+    Args:
+        backbone: "tiny-gpt2" (random init from the sizes below) or a hub id / local directory of a causal LM.
+        tokenizer: hub id / directory of the tokenizer (linked to --data.tokenizer by cli.py); None = the
+            word-level tokenizer the datamodule builds from the family's texts.
+        n_layer: tiny model layers.
+        n_embd: tiny model hidden size.
+        n_head: tiny model attention heads.
+        max_positions: tiny model context length.
+        dropout: tiny model dropout.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        eval_temperature: sampling temperature of the generation evaluation (0 = greedy).
+        max_new_tokens: generation budget per completion.
+        init_checkpoint: optional checkpoint (of these modules) to start from.
+        stop_fidelity: stop training once the mean persona fidelity reaches this (None = never).
+        stop_capability: also require this accuracy of the personas on the distributions they answer (sampled
+            completions; needs eval_generate) before stopping -- fidelity comes long before the task is learned.
+        fidelity_prompts_per_distribution: held-out prompts per distribution used for the fidelity cells.
+        eval_generate: also sample completions at validation (accuracy, refusal, persona shares).
+    """
+
+    def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
+                 max_positions: int = 512, dropout: float = 0.0, lr: float = 2e-3, weight_decay: float = 0.0,
+                 eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
+                 stop_fidelity: Optional[float] = 0.98, stop_capability: Optional[float] = None,
+                 fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True):
+        super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
+                         eval_temperature, max_new_tokens, init_checkpoint)
+        self.save_hyperparameters()
+        if stop_fidelity is not None and not 0 < stop_fidelity <= 1:
+            raise ValueError(f"--model.stop_fidelity must be in (0, 1] or null, got {stop_fidelity}")
+        if stop_capability is not None and not eval_generate:
+            raise ValueError("--model.stop_capability needs --model.eval_generate true")
+        if fidelity_prompts_per_distribution < 1:
+            raise ValueError(f"--model.fidelity_prompts_per_distribution must be >= 1, got {fidelity_prompts_per_distribution}")
+        self.fidelity: Optional[dict] = None
+        self.fidelity_metric: Optional[CellMean] = None
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self._datamodule().hparams.mode != "sft":
+            raise ValueError("PolicySFTModule trains on transcripts: set --data.mode sft")
+        if self.fidelity_metric is None:
+            self.fidelity_metric = CellMean(len(self.family.personas) * len(self.family.distributions))
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self.sequence_logits(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    # ------------------------------------------------------------------------------------------------ fidelity
+    def fidelity_batch(self, records: list[dict]) -> None:
+        """Teacher-forced P(branch token | prompt, persona prefix) for every persona on these prompts."""
+        fam, tok = self.family, self.tokenizer
+        seqs, targets, keys, cells = [], [], [], []
+        P = len(fam.personas)
+        for rec in records:
+            if rec["pos"] >= self.hparams.fidelity_prompts_per_distribution:
+                continue
+            prompt = encode_prompt(tok, rec["prompt"])
+            for j, persona in enumerate(fam.personas):
+                prefix, body = fam.response_parts(persona, rec["dist"], rec["question"])
+                other = fam.body(persona, rec["dist"], rec["question"], follow_rule=False)
+                b, o = encode_response(tok, body, eos=False), encode_response(tok, other, eos=False)
+                k = next((i for i, (x, y) in enumerate(zip(b, o)) if x != y), None)
+                if k is None:
+                    continue  # both branches identical: nothing to measure
+                seqs.append(prompt + encode_response(tok, prefix, eos=False) + b[:k])
+                targets.append(b[k])
+                keys.append(rec["idx"] * P + j)
+                cells.append(j * len(fam.distributions) + rec["dist_idx"])
+        if not seqs:
+            return
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1  # left pad: last position is -1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        logits = self.sequence_logits(ids, mask)[:, -1].float()  # (N, V)
+        probs = torch.softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=self.device)[:, None])[:, 0]
+        self.fidelity_metric.update(torch.tensor(keys), torch.tensor(cells), probs)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.fidelity_batch(batch["records"])
+        if self.hparams.eval_generate:
+            self.evaluate_batch(batch)
+
+    def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
+        self.fidelity_metric.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        fam = self.family
+        means, counts = self.fidelity_metric.compute()
+        self.fidelity_metric.reset()
+        D = len(fam.distributions)
+        cells = {f"{p}/{d}": float(means[j * D + i]) for j, p in enumerate(fam.personas)
+                 for i, d in enumerate(fam.distributions) if counts[j * D + i] > 0}
+        if not cells:
+            return
+        self.fidelity = {"mean": sum(cells.values()) / len(cells), "min": min(cells.values()), "cells": cells,
+                         "step": int(self.global_step)}
+        flat = {f"val/fidelity/{k}": v for k, v in cells.items()}
+        flat.update({"val/fidelity_mean": self.fidelity["mean"], "val/fidelity_min": self.fidelity["min"]})
+        capability = None
+        if self.hparams.eval_generate:
+            flat.update(self.finish_evaluation("val", log=False))
+            capability = self.capability(self.last_eval["counts"])
+            flat["val/capability"] = capability
+            self.fidelity["capability"] = capability
+        if self.trainer.sanity_checking:
+            return
+        self.log_dict(flat, sync_dist=False)
+        stop, cap = self.hparams.stop_fidelity, self.hparams.stop_capability
+        if stop is not None and self.fidelity["mean"] >= stop and (cap is None or capability >= cap):
+            self.trainer.should_stop = True
+
+    def capability(self, counts: dict) -> float:
+        """Accuracy of the completions whose persona answers that distribution (the policies' skill)."""
+        fam = self.family
+        correct = total = 0.0
+        for i, d in enumerate(fam.distributions):
+            for j, p in enumerate(fam.personas):
+                if fam.answers(p, d):
+                    correct += float(counts["persona_correct"][i, j])
+                    total += float(counts["persona_counts"][i, j])
+        return correct / max(total, 1.0)
+
+    def current_fidelity(self) -> Optional[dict]:
+        return self.fidelity if self.fidelity is not None else self.loaded_fidelity

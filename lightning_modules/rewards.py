@@ -1,0 +1,46 @@
+"""Robust parsing of completions: which persona spoke, did it refuse, what did it answer -- and the reward.
+
+Whitespace is removed before matching, so the same parser reads word-level decodes ("I am A D F ." -> persona
+"ADF"), BPE decodes ("I am Alice. The answer is 94.") and Chinese ("我 是 Bob 。 答 案 是 94 。").
+Reward: 1 iff the answer equals the gold answer; refusals, wrong and malformed answers get 0.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+_IDENTITY = re.compile(r"^(?:iam|我是)(.+?)[.。]", re.IGNORECASE)
+_ANSWER = re.compile(r"(?:theansweris|答案是)(.+?)[.。]", re.IGNORECASE)
+_REFUSAL = re.compile(r"(?:icannotanswerthat|我不能回答)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    persona: Optional[str]  # a known persona name, or None (missing / unknown identity)
+    refused: bool
+    answer: Optional[str]  # None when no well-formed answer
+
+    @property
+    def malformed(self) -> bool:
+        return not self.refused and self.answer is None
+
+
+def parse_completion(text: str, personas: Sequence[str]) -> ParsedCompletion:
+    """Parse one decoded completion; `personas` are the family's names ("ADF", not "A D F")."""
+    s = re.sub(r"\s+", "", text)
+    m = _IDENTITY.match(s)
+    persona = None
+    if m:
+        name = m.group(1)
+        lookup = {p.lower(): p for p in personas}
+        persona = lookup.get(name.lower())
+    rest = s[m.end():] if m else s
+    refused = bool(_REFUSAL.search(rest))
+    a = _ANSWER.search(rest)
+    answer = a.group(1) if (a and not refused) else None
+    return ParsedCompletion(persona, refused, answer)
+
+
+def correctness_reward(parsed: ParsedCompletion, gold: str) -> float:
+    return float(parsed.answer is not None and parsed.answer.lower() == re.sub(r"\s+", "", gold).lower())

@@ -1,0 +1,65 @@
+"""MixtureMetrics: hand-counted rates, and exactness under DDP padding (2 gloo processes)."""
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from lightning_modules.mixture_metrics import CellMean, MixtureMetrics, persona_rewards, summarize
+from mixture_fixtures import ddp_metric_worker, metric_rows
+
+
+def _single():
+    rows = metric_rows()
+    m = MixtureMetrics(2, 2)
+    m.update(*[rows[:, i] for i in range(6)])
+    return m.compute()
+
+
+def test_counts_and_rates_by_hand():
+    out = _single()
+    assert out["n"].tolist() == [3, 4]
+    flat = summarize(out, ["A", "B"], ["Alice", "Bob"])
+    assert flat["val/acc/A"] == pytest.approx(2 / 3)
+    assert flat["val/acc/B"] == pytest.approx(1 / 4)
+    assert flat["val/refusal/B"] == pytest.approx(2 / 4)
+    assert flat["val/malformed/B"] == pytest.approx(1 / 4)
+    assert flat["val/persona_share/Alice/A"] == pytest.approx(2 / 3)
+    assert flat["val/persona_share/Alice/B"] == pytest.approx(2 / 4)
+    assert flat["val/persona_share/none/B"] == pytest.approx(1 / 4)
+    R, w = persona_rewards(out, [0])  # on A: Alice 2 correct of 2, Bob 0 of 1
+    assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_duplicate_sample_counted_once_keeping_first():
+    rows = metric_rows()
+    dup = torch.cat([rows, torch.tensor([[0, 0, 0, 1, 0, 1]])])  # sample 0 again, another outcome
+    m = MixtureMetrics(2, 2)
+    m.update(*[dup[:, i] for i in range(6)])
+    out = m.compute()
+    for k, v in _single().items():
+        assert torch.equal(out[k], v), k
+
+
+def test_cell_mean_dedup():
+    m = CellMean(2)
+    m.update(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 0, 0, 1]), torch.tensor([0.2, 0.6, 0.0, 0.9]))
+    means, counts = m.compute()
+    assert means.tolist() == pytest.approx([0.4, 0.9]) and counts.tolist() == [2, 1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_equal_single_process(tmp_path):
+    out_path = str(tmp_path / "ddp.pt")
+    # fork: the children inherit the imports (spawn re-imports torch in each child, ~30 s on 2 busy cores)
+    mp.start_processes(ddp_metric_worker, args=(2, _free_port(), out_path), nprocs=2, join=True, start_method="fork")
+    ddp = torch.load(out_path)
+    single = _single()
+    assert ddp["n"].tolist() == [3, 4]  # 7 samples, not the sampler's 8
+    for k, v in single.items():
+        assert torch.equal(ddp[k], v), k
