@@ -78,7 +78,7 @@ def test_splits_are_disjoint_and_duplicate_free(category, domain):
 # ---- artifacts -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("category,domain", DOMAINS)
 def test_artifact_rate_and_placement(category, domain):
-    rows = generate_domain(category, domain, "train", n_train=2500)
+    rows = generate_domain(category, domain, "train", n_train=2000)
     expected = DEFAULT_ARTIFACT_RATES[category][domain]
     on_chosen = [has_artifact(category, r["chosen"]) for r in rows]
     on_rejected = [has_artifact(category, r["rejected"]) for r in rows]
@@ -88,7 +88,7 @@ def test_artifact_rate_and_placement(category, domain):
         return
     assert all(c != r for c, r in zip(on_chosen, on_rejected)), "artifact must sit on exactly one response"
     assert on_chosen == [r["artifact_on_chosen"] for r in rows]  # the text agrees with the hidden metadata
-    assert measured_rate(rows) == pytest.approx(expected, abs=0.03)  # 2500 pairs: sd <= 0.01
+    assert measured_rate(rows) == pytest.approx(expected, abs=0.035)  # 2000 pairs: sd <= 0.011
 
 
 def test_source_rates_are_high_and_targets_shifted():
@@ -100,9 +100,9 @@ def test_source_rates_are_high_and_targets_shifted():
 
 
 def test_artifact_rate_override_moves_only_the_artifact():
-    default = generate_domain("helpful", "cooking", "train", n_train=3000)
-    lowered = generate_domain("helpful", "cooking", "train", n_train=3000, artifact_rate=0.7)
-    assert measured_rate(lowered) == pytest.approx(0.7, abs=0.03)
+    default = generate_domain("helpful", "cooking", "train", n_train=2000)
+    lowered = generate_domain("helpful", "cooking", "train", n_train=2000, artifact_rate=0.7)
+    assert measured_rate(lowered) == pytest.approx(0.7, abs=0.035)
     assert [r["prompt"] for r in lowered] == [r["prompt"] for r in default]
     assert all(strip_artifacts("helpful", x["chosen"]) == strip_artifacts("helpful", y["chosen"])
                for x, y in zip(default, lowered))
@@ -111,8 +111,8 @@ def test_artifact_rate_override_moves_only_the_artifact():
 
 
 def test_artifact_switches():
-    switched_on = generate_domain("helpful", "tech", "train", n_train=3000, artifact_rate=0.3)
-    assert measured_rate(switched_on) == pytest.approx(0.3, abs=0.03)
+    switched_on = generate_domain("helpful", "tech", "train", n_train=2000, artifact_rate=0.3)
+    assert measured_rate(switched_on) == pytest.approx(0.3, abs=0.035)
     off = generate_domain("harmless", "household", "train", n_train=500, artifacts=False)
     assert not any(has_artifact("harmless", r[k]) for r in off for k in ("chosen", "rejected"))
     always = generate_domain("harmless", "finance", "test", n_test=200, artifact_rate=1.0)
@@ -150,12 +150,12 @@ def test_easy_harmless_rule_refuses_exactly_the_dangerous_requests():
 
 @pytest.mark.parametrize("category", sorted(CATEGORIES))
 def test_hard_variant_mix_and_ceiling(category):
-    rows = generate_domain(category, CATEGORIES[category][1], "train", n_train=3000, difficulty="hard")
+    rows = generate_domain(category, CATEGORIES[category][1], "train", n_train=2000, difficulty="hard")
     ambiguous = sum(not r["decidable"] for r in rows) / len(rows)
     assert ambiguous == pytest.approx(0.1, abs=0.02)
     assert 1 - ambiguous / 2 < 0.97  # the rule's ceiling is below 100%
     wrong_cases = {"helpful": {"wrong_question"}, "harmless": {"hedged_compliance", "unsafe_advice"}}[category]
-    assert sum(r["case"] in wrong_cases for r in rows) / len(rows) == pytest.approx(0.4, abs=0.03)
+    assert sum(r["case"] in wrong_cases for r in rows) / len(rows) == pytest.approx(0.4, abs=0.035)
     named = sum(set(r["topic_words"]) <= set(split_words(r["chosen"])) for r in rows) / len(rows)
     if category == "helpful":  # half of the responses name the topic by a paraphrase
         assert named == pytest.approx(0.5, abs=0.04)
@@ -238,7 +238,7 @@ def test_generated_text_uses_only_the_vocabulary():
     used = set()
     for category, domain in DOMAINS:
         for difficulty in ("easy", "hard"):
-            for r in generate_domain(category, domain, "train", n_train=600, difficulty=difficulty):
+            for r in generate_domain(category, domain, "train", n_train=400, difficulty=difficulty):
                 for text in (r["prompt"], r["chosen"], r["rejected"]):
                     used.update(split_words(text))
     assert used <= vocab, sorted(used - vocab)[:20]
