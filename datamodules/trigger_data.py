@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.questions import HUB_SOURCES, Question, correct_answer, render_question, synthetic_questions
 from datamodules.tokenizers import WORD_PATTERN, cached_wordlevel_tokenizer, load_tokenizer
-from datamodules.trigger_families import FAMILIES, TEMPLATES, TriggerFamily, build_family, check_distributions
+from datamodules.trigger_families import TEMPLATES, TriggerFamily, build_family, check_distributions
 
 
 class _ListDataset(Dataset):

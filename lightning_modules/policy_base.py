@@ -7,7 +7,7 @@ and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw co
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from lightning.pytorch import LightningModule

@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-# `analysis` and `protocols` are not (yet) in the editable install's package list (setup.cfg, owned by the lead):
-# the repository root on sys.path makes them importable under pytest as they are under `python cli.py`.
+# An editable install made before setup.cfg listed `analysis` / `protocols` does not map them: the repository root on
+# sys.path keeps them importable under pytest (as under `python cli.py`) until the venv is reinstalled.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

@@ -1,6 +1,5 @@
 """Trigger families, templates, question sources and the datamodule: literal strings and bad inputs."""
 import pytest
-import torch
 
 from datamodules.questions import (
     HUB_SOURCES, Question, correct_answer, render_question, shifted_answer, synthetic_questions,
