@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow venv clean-cache
+.PHONY: demo test test-slow mixture-demo venv clean-cache
 
 venv: $(BIN)/.installed
 
@@ -24,6 +24,10 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 
 demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
+
+# Part B: two-policy mixture, SFT then GRPO on distribution A, offline on CPU (~7-12 min); table in runs/mixture/
+mixture-demo: venv
+	$(BIN)/python -m protocols.mixture_two_policies
 
 test: venv
 	HF_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q
