@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.collate import PairCollator
+from datamodules.columns import fast_column
 from datamodules.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
 from datamodules.records import fingerprint
 from datamodules.samplers import LengthGroupedSampler
@@ -47,7 +48,7 @@ class PairDataset(Dataset):
     COLUMNS = ("id", "a_input_ids", "a_response_start", "b_input_ids", "b_response_start", "index", "length")
 
     def __init__(self, hf_dataset, labels: Optional[dict] = None, teacher_margins: Optional[dict] = None):
-        self.cols = {k: hf_dataset[k] for k in self.COLUMNS}
+        self.cols = {k: fast_column(hf_dataset, k) for k in self.COLUMNS}
         self.labels, self.teacher_margins = labels, teacher_margins
 
     def __len__(self) -> int:
@@ -406,7 +407,7 @@ class _ConcatPairs(Dataset):
 
     @property
     def lengths(self) -> list[int]:
-        return self.first.lengths + self.second.lengths
+        return list(self.first.lengths) + list(self.second.lengths)
 
 
 def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, val_fraction, max_pairs,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 from typing import Optional
 
 import torch
@@ -104,11 +103,6 @@ def atomic_write_json(payload: dict, path: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def load_weak_labels(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 def gold_agreement(labels: dict) -> float:

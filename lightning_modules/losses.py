@@ -5,8 +5,6 @@ with a = chosen).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -57,7 +55,3 @@ def reward_centering_loss(rewards_a: torch.Tensor, rewards_b: torch.Tensor) -> t
     """Eisenstein et al.'s centering term mean((r_a + r_b)²), keeping rewards near zero mean."""
     return ((rewards_a + rewards_b) ** 2).mean()
 
-
-def apply_margin(margin: torch.Tensor, offset: Optional[torch.Tensor]) -> torch.Tensor:
-    """Llama-2-style margin: −log σ(Δ − m) for gold pairs with a known preference strength m."""
-    return margin if offset is None else margin - offset

@@ -21,6 +21,7 @@ from lightning_modules.backbones import (
     LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
 from lightning_modules.heads import Pooling, RewardHead
+from lightning_modules.length_buckets import bucketed_scores
 from lightning_modules.losses import masked_mse, reward_centering_loss
 from lightning_modules.metrics import PairwiseAccuracy, TransferScores
 from lightning_modules.objectives import GoldBradleyTerry, PreferenceObjective
@@ -48,6 +49,9 @@ class RewardModelModule(LightningModule):
         disable_dropout: set every dropout to 0 (deterministic rewards; student and reference then match).
         freeze_layers: freeze the embeddings and the first k transformer layers (CPU-friendly fine-tuning).
         ceiling_results: a ceiling run's `test_results.json`: adds PGR to the transfer scores of `test`.
+        length_buckets: score a right-padded batch as at most this many forwards of similar-length rows
+            (less padding; same rewards to float rounding); 1 = one padded forward. The ANCHOR forward, which
+            needs every token's hidden states, always runs padded.
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -69,6 +73,7 @@ class RewardModelModule(LightningModule):
         disable_dropout: bool = True,
         freeze_layers: int = 0,
         ceiling_results: Optional[str] = None,
+        length_buckets: int = 1,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
@@ -82,6 +87,9 @@ class RewardModelModule(LightningModule):
         self.objective = objective or GoldBradleyTerry()
         self.anchor_coef = float(anchor_coef)
         self.center_rewards_coef = float(center_rewards_coef)
+        if length_buckets < 1:
+            raise ValueError(f"--model.length_buckets must be >= 1, got {length_buckets}")
+        self.length_buckets = int(length_buckets)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
         self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype)
@@ -118,10 +126,16 @@ class RewardModelModule(LightningModule):
     # ---- scoring -----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
         """Rewards (N,) and, when asked, the tuple of hidden states (embeddings, layer 1, ..., layer L)."""
+        if self.length_buckets > 1 and not output_hidden_states:
+            return bucketed_scores(self._rewards, input_ids, attention_mask, self.length_buckets), None
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                             output_hidden_states=output_hidden_states)
         rewards = self.head(out.last_hidden_state, attention_mask)  # (N,)
         return rewards, (out.hidden_states if output_hidden_states else None)
+
+    def _rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
+        return self.head(out.last_hidden_state, attention_mask)  # (n,)
 
     def pair_margins(self, batch: dict) -> torch.Tensor:
         rewards, _ = self(batch["input_ids"], batch["attention_mask"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional

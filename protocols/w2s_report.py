@@ -3,7 +3,6 @@ NTS, PGR (percent points, mean ± std over seeds), as in the paper's tables; plu
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import statistics
