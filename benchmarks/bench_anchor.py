@@ -1,0 +1,150 @@
+"""ANCHOR's cost: training step time and memory of the anchored student vs the naive student.
+
+    .venv/bin/python benchmarks/bench_anchor.py --repeats 3
+
+Variants (each a fresh process, interleaved; same data, weights and steps; fp32, 2 threads):
+    naive        full fine-tuning, anchor_coef 0 (no reference model)
+    anchor_copy  full fine-tuning + ANCHOR (λ = 1, last layer) against a full frozen deep copy
+    naive_lora   LoRA (r 16, all linear layers), anchor_coef 0
+    anchor_lora  LoRA + ANCHOR against the same weights with the adapters disabled (no copy)
+All use one padded forward per step (`length_buckets` 1; the anchored forward needs every token's hidden state).
+Memory: the peak RSS of the process, and the training increment = peak RSS sampled every 2 ms during `fit`
+minus the RSS just before it (imports, data and the model itself are common to all variants and would hide the
+difference). Prints one JSON line; a markdown table to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common as C  # noqa: E402
+
+VARIANTS = {
+    "naive": dict(anchor_coef=0.0),
+    "anchor_copy": dict(anchor_coef=1.0),
+    "naive_lora": dict(anchor_coef=0.0, lora=True),
+    "anchor_lora": dict(anchor_coef=1.0, lora=True),
+}
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class RssSampler:
+    """Highest RSS seen by a background thread while active."""
+
+    def __init__(self, period_s: float = 0.002):
+        self.period, self.peak, self._stop = period_s, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, current_rss_mb())
+            time.sleep(self.period)
+
+    def __enter__(self) -> "RssSampler":
+        self.peak = current_rss_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_mb())
+
+
+def worker(args, paths: dict) -> dict:
+    import lightning.pytorch as pl
+    import torch
+
+    from callbacks.reference_model import ReferenceModelCallback
+    from lightning_modules.backbones import LoraSpec
+
+    cfg = dict(VARIANTS[args.variant])
+    lora = LoraSpec() if cfg.pop("lora", False) else None
+    dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = C.reward_module(paths["tokenizer"], lr=args.lr, lora=lora, **cfg)
+    timer = C.StepTimer(warmup=args.warmup)
+
+    class Timing(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            timer.mark(pairs=len(batch["labels"]))
+
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[Timing(), ReferenceModelCallback()], default_root_dir=tempfile.mkdtemp(prefix="bench_anchor_"),
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    before = current_rss_mb()
+    with RssSampler() as rss:
+        trainer.fit(model, datamodule=dm)
+    ref = trainer.callbacks[-1]
+    seconds, items = timer.window()
+    times = timer.step_times()
+    return {"variant": args.variant, "seed": args.seed, "step_s_median": round(sorted(times)[len(times) // 2], 4),
+            "step_s_mean": round(seconds / len(items), 4), "rss_before_fit_mb": round(before, 1),
+            "fit_peak_rss_mb": round(rss.peak, 1), "fit_increment_mb": round(rss.peak - before, 1),
+            "peak_rss_mb": round(C.peak_rss_mb(), 1),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--train-pairs", type=int, default=640)
+    p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    C.offline_env()
+    paths = C.write_workload(args.work_dir, args.train_pairs, 512)
+    if args.worker:
+        print(json.dumps(worker(args, paths)))
+        return
+    C.preference_datamodule(paths, args.batch_size, 64).prepare_data()
+    common = ["--worker", "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
+              "--warmup", str(args.warmup), "--train-pairs", str(args.train_pairs), "--work-dir", args.work_dir]
+    runs = C.interleave(args.variants, args.repeats,
+                        lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)]), C.eprint)
+    keys = ("step_s_median", "step_s_mean", "fit_increment_mb", "fit_peak_rss_mb", "peak_rss_mb")
+    table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
+    ratios = {}
+    for anchored, naive in (("anchor_copy", "naive"), ("anchor_lora", "naive_lora")):
+        if anchored in runs and naive in runs:
+            ratios[f"{anchored}/{naive}"] = {
+                k: round(table[anchored][k]["median"] / table[naive][k]["median"], 3) for k in keys}
+            ratios[f"{anchored}/{naive}"]["step_per_round"] = [
+                round(a["step_s_median"] / b["step_s_median"], 3) for a, b in zip(runs[anchored], runs[naive])]
+    out = {"bench": "anchor", "machine": C.machine_info(),
+           "config": {"model": C.MODEL_OVERRIDES, "vocab": C.VOCAB_SIZE, "batch_pairs": args.batch_size,
+                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "lora": "r16 all-linear",
+                      "anchor": "λ 1, last layer", "threads": C.THREADS, "dtype": "fp32"},
+           "results": table, "ratios": ratios, "runs": runs}
+    C.eprint(C.markdown_table(["variant", "step s", "fit increment MB", "fit peak RSS MB", "trainable params"],
+                              [[v, *(f"{table[v][k]['median']} [{table[v][k]['min']}, {table[v][k]['max']}]"
+                                     for k in ("step_s_median", "fit_increment_mb", "fit_peak_rss_mb")),
+                                runs[v][0]["trainable_params"]] for v in runs]))
+    C.eprint(json.dumps(ratios))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""GRPO throughput: ours (PolicyRLModule under the Lightning Trainer) vs TRL's GRPOTrainer, β = 0 and β > 0.
+
+    .venv/bin/python benchmarks/bench_grpo.py --repeats 2
+
+Same workload for both: a Qwen2-style causal LM (hidden 256, 4 layers, random init, saved once and loaded by
+both) over the two-policies family's word-level tokenizer; P = 4 prompts of the RL distribution per step (the
+same prompt token ids, BOS included), G = 8 samples each (32 completions), up to 24 new tokens at temperature 1
+(top-k 0, top-p 1), reward 1 iff the parsed answer is correct, one optimizer step per batch of rollouts, AdamW
+lr 1e-5, gradient clip 1; fp32, 2 threads, TRL's gradient checkpointing and bf16 off. β > 0 adds the k3 KL to a
+frozen reference (ours: ReferenceModelCallback; TRL: its reference model). A random-init model rarely samples
+EOS, so both generate (nearly) the full 24 tokens: the mean completion length is reported for each.
+Variants are fresh processes, interleaved. Prints one JSON line; a markdown table to stderr.
+
+Variants: trl (GRPOTrainer), ours (PolicyRLModule as it is: HF `generate`), ours_fastgen (the same module with
+`lightning_modules.fast_sampling.sample_with_kv_cache` swapped in for `generate`: the batched KV-cache lever).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common as C  # noqa: E402
+
+FAMILY, RL_DIST = "two_policies", "A"
+
+
+def trigger_dm(args, seed: int):
+    from datamodules.trigger_data import TriggerDataModule
+
+    return TriggerDataModule(family=FAMILY, mode="rl", train_distributions=[RL_DIST], num_train=args.prompts * (args.steps + 2),
+                             batch_size=args.prompts, num_val_per_distribution=1, seed=seed,
+                             cache_dir=os.path.join(args.work_dir, "cache"))
+
+
+def model_dir(args) -> str:
+    """The shared random-init Qwen2-style causal LM over the family's tokenizer (built once)."""
+    out = os.path.join(args.work_dir, "grpo_model")
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = trigger_dm(args, 0).tokenizer
+    cfg = AutoConfig.for_model("qwen2", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                               tie_word_embeddings=False, **C.MODEL_OVERRIDES)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)  # the tokenizer is not saved with it: each worker takes the datamodule's
+    return out
+
+
+def worker_ours(args, path: str) -> dict:
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_modules.policy_rl import PolicyRLModule
+
+    if args.variant == "ours_fastgen":  # the lever, without touching Part B's files: swap the sampler it calls
+        import lightning_modules.policy_base as policy_base
+        from lightning_modules.fast_sampling import sample_with_kv_cache
+
+        policy_base.sample_completions = sample_with_kv_cache
+    dm = trigger_dm(args, args.seed)
+    torch.manual_seed(args.seed)
+    model = PolicyRLModule(backbone=path, min_sft_fidelity=0, group_size=args.group_size, lr=args.lr,
+                           max_new_tokens=args.max_new_tokens, temperature=1.0, reference_coef=args.beta,
+                           grad_clip=1.0)
+    timer = C.StepTimer(warmup=args.warmup)
+    lengths: list[float] = []
+
+    class Timing(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            timer.mark(completions=len(batch["records"]) * args.group_size,
+                       prompt_tokens=int(batch["attention_mask"].sum()))
+            lengths.append(float(trainer.callback_metrics.get("rl/completion_tokens", float("nan"))))
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Timing()],
+                         default_root_dir=tempfile.mkdtemp(prefix="bench_grpo_"))
+    trainer.fit(model, datamodule=dm)
+    return result(args, timer, lengths)
+
+
+def worker_trl(args, path: str) -> dict:
+    import datasets
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lightning_modules.rewards import correctness_reward, parse_completion
+
+    dm = trigger_dm(args, args.seed)
+    dm.setup("fit")
+    tok = copy.deepcopy(dm.tokenizer)
+    tok.padding_side = "left"
+    personas = dm.family.personas
+    # TRL tokenizes the prompt text as is: write our BOS in front, so both see the same prompt ids.
+    from datamodules.trigger_data import encode_prompt
+
+    items = dm.train_items
+    prompts = [tok.bos_token + " " + it["prompt"] for it in items]
+    for it, text in zip(items[:8], prompts):
+        assert tok(text)["input_ids"] == encode_prompt(dm.tokenizer, it["prompt"]), "prompt ids differ"
+    ds = datasets.Dataset.from_dict({"prompt": prompts, "gold": [it["gold"] for it in items]})
+
+    def reward(prompts, completions, gold, **kw):
+        return [correctness_reward(parse_completion(c, personas), g) for c, g in zip(completions, gold)]
+
+    timer = C.StepTimer(warmup=args.warmup)
+    lengths: list[float] = []
+
+    class Timing(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            timer.mark(completions=args.prompts * args.group_size)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_grpo_"), per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size, max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0,
+        top_k=0, beta=args.beta, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", max_steps=args.steps, bf16=False,
+        gradient_checkpointing=False, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+        disable_tqdm=True, dataloader_num_workers=0, seed=args.seed, num_iterations=1, log_completions=False,
+    )
+    trainer = GRPOTrainer(model=path, reward_funcs=reward, args=config, train_dataset=ds, processing_class=tok,
+                          callbacks=[Timing()])
+    torch.set_num_threads(C.THREADS)
+    trainer.train()
+    return result(args, timer, lengths)
+
+
+def result(args, timer: "C.StepTimer", lengths: list[float]) -> dict:
+    seconds, items = timer.window()
+    completions = sum(i["completions"] for i in items)
+    clean = [x for x in lengths if x == x]
+    return {"variant": args.variant, "beta": args.beta, "seed": args.seed, "steps_timed": len(items),
+            "completions_per_s": round(completions / seconds, 3), "steps_per_s": round(len(items) / seconds, 4),
+            "mean_completion_tokens": round(sum(clean) / len(clean), 2) if clean else None,
+            "peak_rss_mb": round(C.peak_rss_mb(), 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--betas", nargs="+", type=float, default=[0.0, 0.04])
+    p.add_argument("--variants", nargs="+", default=["ours", "trl"], choices=["ours", "ours_fastgen", "trl"])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    C.offline_env()
+    os.makedirs(args.work_dir, exist_ok=True)
+    path = model_dir(args)
+    if args.worker:
+        print(json.dumps(worker_trl(args, path) if args.variant == "trl" else worker_ours(args, path)))
+        return
+    common = ["--worker", "--steps", str(args.steps), "--warmup", str(args.warmup), "--prompts", str(args.prompts),
+              "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--lr",
+              str(args.lr), "--work-dir", args.work_dir]
+    labels = [f"{v}@beta={b:g}" for b in args.betas for v in args.variants]
+
+    def run(label: str, r: int) -> dict:
+        v, b = label.split("@beta=")
+        return C.run_worker(__file__, common + ["--variant", v, "--beta", b, "--seed", str(r)])
+
+    t0 = time.perf_counter()
+    runs = C.interleave(labels, args.repeats, run, C.eprint)
+    keys = ("completions_per_s", "steps_per_s", "mean_completion_tokens", "peak_rss_mb")
+    table = {v: {k: C.summary([r[k] for r in rs if r[k] is not None], 4) for k in keys} for v, rs in runs.items()}
+    ratios = {}
+    for b, ours in ((b, o) for b in args.betas for o in ("ours", "ours_fastgen")):
+        o, t = f"{ours}@beta={b:g}", f"trl@beta={b:g}"
+        if o in runs and t in runs:
+            ratios[f"{ours}/trl@beta={b:g}"] = {
+                "completions_per_s": round(table[o]["completions_per_s"]["median"] / table[t]["completions_per_s"]["median"], 3),
+                "per_round": [round(a["completions_per_s"] / c["completions_per_s"], 3) for a, c in zip(runs[o], runs[t])]}
+    out = {"bench": "grpo", "machine": C.machine_info(),
+           "config": {"model": C.MODEL_OVERRIDES, "family": FAMILY, "prompts_per_step": args.prompts,
+                      "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "steps": args.steps,
+                      "warmup": args.warmup, "repeats": args.repeats, "threads": C.THREADS, "dtype": "fp32"},
+           "results": table, "ratios_vs_trl": ratios, "wall_s": round(time.perf_counter() - t0, 1)}
+    C.eprint(C.markdown_table(["variant", "completions/s", "steps/s", "mean completion tokens"],
+                              [[v, *(f"{t[k]['median']} [{t[k]['min']}, {t[k]['max']}]" for k in keys[:3])]
+                               for v, t in table.items()]))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Shared pieces of the benchmarks: offline setup, the workload (tokenizer, model config, preference pairs),
+the machine's fp32 matmul peak, MFU arithmetic, run statistics and the worker-subprocess protocol.
+
+Nothing here imports trl: the TRL side lives only inside the bench_*.py scripts' worker functions.
+Every benchmark runs each variant in its own subprocess (so that peak RSS is per variant) and interleaves them
+(ours, TRL, ours, TRL, ...); the parent prints one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from anywhere without installing
+
+THREADS = 2
+# Qwen2-style reward-model backbone of the issue: hidden 256, 4 layers (GQA 4 heads / 2 KV heads, SwiGLU 8/3·h).
+MODEL_OVERRIDES = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=704, max_position_embeddings=512)
+VOCAB_SIZE = 2048
+MIN_TOKENS, MAX_TOKENS = 23, 243  # length range of one sequence (prompt + response), BOS/EOS included
+FORMAT_WORDS = ("user", "assistant", ":")
+
+
+def offline_env() -> None:
+    """Offline, and the thread count fixed before torch does any work."""
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ[key] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    os.environ["WANDB_DISABLED"] = "true"
+    os.environ["DISABLE_MLFLOW_INTEGRATION"] = "TRUE"
+    import torch
+
+    torch.set_num_threads(THREADS)
+
+
+# ---- the machine ------------------------------------------------------------------------------------------
+def matmul_peak(sizes: Sequence[tuple[int, int, int]] = ((2048, 2048, 2048), (1024, 1024, 1024),
+                                                          (4096, 256, 1024), (4096, 1024, 256)),
+                repeats: int = 5, min_seconds: float = 0.3) -> dict:
+    """fp32 GEMM throughput (GFLOP/s) at `THREADS` threads: the best over shapes of the median over repeats.
+
+    Large square GEMMs give the machine's peak; the skinny ones are the reward model's own shapes (tokens × 256).
+    """
+    import torch
+
+    torch.set_num_threads(THREADS)
+    per_shape = {}
+    for m, k, n in sizes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        flops = 2.0 * m * k * n
+        a @ b  # warm-up (allocations, thread pool)
+        reps = max(1, int(min_seconds * 20e9 / flops))  # ~min_seconds at 20 GFLOP/s
+        rates = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            rates.append(flops * reps / (time.perf_counter() - t0) / 1e9)
+        per_shape[f"{m}x{k}x{n}"] = round(statistics.median(rates), 2)
+    return {"peak_gflops": max(per_shape.values()), "per_shape_gflops": per_shape, "threads": THREADS}
+
+
+def mfu(params: int, tokens: float, seconds: float, peak_gflops: float, factor: int = 6) -> float:
+    """Model FLOP utilisation: factor · params · tokens / seconds / peak (6 = forward + backward, 2 = forward)."""
+    if seconds <= 0 or peak_gflops <= 0:
+        raise ValueError("seconds and peak_gflops must be > 0")
+    return factor * params * tokens / seconds / (peak_gflops * 1e9)
+
+
+def machine_info() -> dict:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+# ---- the workload: tokenizer, preference pairs ----------------------------------------------------------
+def content_words(n: int) -> list[str]:
+    return [f"w{i:04d}" for i in range(n)]
+
+
+def build_tokenizer(out_dir: str) -> str:
+    """A word-level tokenizer of exactly VOCAB_SIZE tokens (4 specials + format words + content words)."""
+    from datamodules.tokenizers import SPECIAL_TOKENS, build_wordlevel_tokenizer
+
+    n_content = VOCAB_SIZE - len(SPECIAL_TOKENS) - len(FORMAT_WORDS)
+    tok = build_wordlevel_tokenizer(list(FORMAT_WORDS) + content_words(n_content))
+    assert len(tok) == VOCAB_SIZE, len(tok)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def _sample_length(rng: random.Random, lo: int, hi: int, mu: float, sigma: float) -> int:
+    while True:
+        n = int(round(math.exp(rng.gauss(mu, sigma))))
+        if lo <= n <= hi:
+            return n
+
+
+def make_pairs(n: int, seed: int) -> list[dict]:
+    """Preference pairs in the ultrafeedback hub schema, with a learnable rule and realistic length spread.
+
+    Words w0000-w0199 are "good", w0200-w0399 "bad", the rest neutral. A response's quality is its density of
+    good minus bad words plus noise; the chosen response is the better one. Prompt and response lengths are
+    log-normal (many short, a long tail), and the two responses' lengths are independent, as in real data;
+    every sequence (BOS + "user : <prompt> assistant :" + response + EOS) has MIN_TOKENS..MAX_TOKENS tokens.
+    """
+    rng = random.Random(seed)
+    words = content_words(VOCAB_SIZE - 4 - len(FORMAT_WORDS))
+    good, bad, neutral = words[:200], words[200:400], words[400:]
+    rows = []
+    overhead = 5  # BOS, "user", ":", "assistant", ":" ... + EOS
+    for i in range(n):
+        p_len = _sample_length(rng, 6, 60, math.log(18), 0.6)
+        prompt = " ".join(rng.choice(neutral) for _ in range(p_len))
+        lo = max(1, MIN_TOKENS - overhead - 1 - p_len)
+        hi = MAX_TOKENS - overhead - 1 - p_len
+        responses = []
+        for _ in range(2):
+            r_len = _sample_length(rng, lo, hi, math.log(60), 0.75)
+            quality = rng.gauss(0.0, 1.0)
+            p_good = min(0.3, max(0.0, 0.08 + 0.05 * quality))
+            p_bad = min(0.3, max(0.0, 0.08 - 0.05 * quality))
+            toks = []
+            for _ in range(r_len):
+                u = rng.random()
+                toks.append(rng.choice(good) if u < p_good else rng.choice(bad) if u < p_good + p_bad
+                            else rng.choice(neutral))
+            responses.append((quality + rng.gauss(0.0, 0.3), " ".join(toks)))
+        (qa, ra), (qb, rb) = responses
+        chosen, rejected = (ra, rb) if qa >= qb else (rb, ra)
+        msgs = [{"role": "user", "content": prompt}]
+        rows.append({"prompt": prompt, "chosen": msgs + [{"role": "assistant", "content": chosen}],
+                     "rejected": msgs + [{"role": "assistant", "content": rejected}],
+                     "score_chosen": 2.0, "score_rejected": 1.0, "prompt_id": f"p{seed}-{i}"})
+    return rows
+
+
+def write_workload(work_dir: str, n_train: int, n_test: int, seed: int = 0) -> dict:
+    """Tokenizer + local hub-schema files (train_prefs / test_prefs) under work_dir; returns their paths."""
+    os.makedirs(work_dir, exist_ok=True)
+    tok_dir = os.path.join(work_dir, "tokenizer")
+    if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+        build_tokenizer(tok_dir)
+    data_dir = os.path.join(work_dir, f"data-{n_train}-{n_test}-{seed}")
+    if not os.path.isfile(os.path.join(data_dir, "test_prefs.jsonl")):
+        os.makedirs(data_dir, exist_ok=True)
+        for split, n, s in (("train_prefs", n_train, seed), ("test_prefs", n_test, seed + 10_000)):
+            with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
+                for row in make_pairs(n, s):
+                    f.write(json.dumps(row) + "\n")
+    return {"tokenizer": tok_dir, "data_dir": data_dir, "cache_dir": os.path.join(work_dir, "cache")}
+
+
+def preference_datamodule(paths: dict, batch_size: int, eval_batch_size: int, seed: int = 0, **kwargs):
+    """Our PreferenceDataModule over the local files (all of train is trained on; 5% carved as validation)."""
+    from datamodules.preference_data import PreferenceDataModule
+
+    return PreferenceDataModule(
+        source="ultrafeedback", tokenizer=paths["tokenizer"], local_dirs={"ultrafeedback": paths["data_dir"]},
+        max_length=MAX_TOKENS + 8, train_subset="all", train_labels="gold", batch_size=batch_size,
+        eval_batch_size=eval_batch_size, seed=seed, cache_dir=paths["cache_dir"], **kwargs)
+
+
+def reward_module(tokenizer_dir: str, lr: float = 1e-3, **kwargs):
+    """Our RewardModelModule on the benchmark's Qwen2-style config; AdamW without weight decay (as TRL's run)."""
+    import torch
+
+    from lightning_modules.reward_model import RewardModelModule
+
+    return RewardModelModule(backbone="tiny-qwen2", tokenizer=tokenizer_dir, tiny_config=dict(MODEL_OVERRIDES),
+                             optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0), **kwargs)
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in matmuls: everything but the embedding tables (lookups, not FLOPs)."""
+    emb = sum(m.weight.numel() for m in model.modules() if type(m).__name__ == "Embedding")
+    return sum(p.numel() for p in model.parameters()) - emb
+
+
+def padding_stats(lengths_per_forward: Iterable[tuple[int, int]]) -> dict:
+    """From (real tokens, processed positions) per forward: totals and the padding fraction."""
+    real = proc = 0
+    for r, p in lengths_per_forward:
+        real, proc = real + r, proc + p
+    return {"real_tokens": real, "processed_positions": proc, "padding_fraction": 1.0 - real / max(proc, 1)}
+
+
+# ---- running and summarising ------------------------------------------------------------------------------
+def summary(values: Sequence[float], digits: int = 3) -> dict:
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits), "n": len(vals)}
+
+
+def run_worker(script: str, args: Sequence[str], timeout: float = 900) -> dict:
+    """Run `python script --worker ...` in a fresh process; its last stdout line is its JSON result."""
+    cmd = [sys.executable, script, *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"worker {' '.join(args)} printed no JSON:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    out = json.loads(lines[-1])
+    out["process_seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def interleave(variants: Sequence[str], repeats: int, run: Callable[[str, int], dict],
+               log: Optional[Callable[[str], None]] = None) -> dict[str, list[dict]]:
+    """Runs ours, TRL, ours, TRL, ... (`repeats` rounds, round r gets seed r); results per variant."""
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(repeats):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))  # alternate who goes first
+        for v in order:
+            res = run(v, r)
+            results[v].append(res)
+            if log:
+                log(f"[round {r}] {v}: {json.dumps({k: x for k, x in res.items() if not isinstance(x, (list, dict))})}")
+    return results
+
+
+def eprint(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+class StepTimer:
+    """Wall-clock marks at the end of each optimizer step; throughput over the steps after `warmup`."""
+
+    def __init__(self, warmup: int = 2):
+        self.warmup = warmup
+        self.marks: list[float] = []
+        self.items: list[dict] = []  # per step: pairs, real tokens, processed positions
+
+    def mark(self, **item: Any) -> None:
+        self.marks.append(time.perf_counter())
+        self.items.append(item)
+
+    def window(self) -> tuple[float, list[dict]]:
+        """Seconds from the end of step `warmup` to the end of the last step, and the items of those steps."""
+        if len(self.marks) <= self.warmup + 1:
+            raise RuntimeError(f"only {len(self.marks)} steps timed; need more than warmup + 1 = {self.warmup + 1}")
+        return self.marks[-1] - self.marks[self.warmup], self.items[self.warmup + 1:]
+
+    def step_times(self) -> list[float]:
+        return [b - a for a, b in zip(self.marks[self.warmup:], self.marks[self.warmup + 1:])]

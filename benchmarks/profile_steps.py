@@ -1,0 +1,109 @@
+"""Where the time goes: torch.profiler of our reward-model training step, cProfile of our GRPO step.
+
+    .venv/bin/python benchmarks/profile_steps.py rm     # RewardModelModule step (length-bucketed), op table
+    .venv/bin/python benchmarks/profile_steps.py grpo   # PolicyRLModule steps under the Trainer, function table
+
+Prints one JSON line (top entries and the shares the docs quote); the full tables go to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import common as C  # noqa: E402
+
+
+def profile_rm(args) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    paths = C.write_workload(args.work_dir, 480, 512)
+    dm = C.preference_datamodule(paths, 16, 64)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    model = C.reward_module(paths["tokenizer"], length_buckets=args.buckets)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    batches = iter(dm.train_dataloader())
+
+    def step(batch):
+        r_a, r_b = model(batch["input_ids"], batch["attention_mask"])[0].chunk(2)
+        loss = -torch.nn.functional.logsigmoid(r_a - r_b).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step(next(batches))  # warm-up
+    todo = [next(batches) for _ in range(args.steps)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for b in todo:
+            step(b)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    C.eprint(events.table(sort_by="self_cpu_time_total", row_limit=20))
+    mm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    attn = sum(e.self_cpu_time_total for e in events if "attention" in e.key)
+    return {"profile": "rm_step", "buckets": args.buckets, "steps": args.steps, "wall_s": round(wall, 3),
+            "share_matmul": round(mm / total, 3), "share_attention": round(attn / total, 3),
+            "top_ops": [{"op": e.key, "share": round(e.self_cpu_time_total / total, 3)} for e in top]}
+
+
+def profile_grpo(args) -> dict:
+    import lightning.pytorch as pl
+
+    from benchmarks import bench_grpo as G
+    from lightning_modules.policy_rl import PolicyRLModule
+
+    ns = argparse.Namespace(work_dir=args.work_dir, prompts=4, steps=args.steps, group_size=8)
+    path = G.model_dir(ns)
+    dm = G.trigger_dm(ns, 0)
+    model = PolicyRLModule(backbone=path, min_sft_fidelity=0, group_size=8, lr=1e-5, max_new_tokens=24,
+                           reference_coef=args.beta)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, default_root_dir=tempfile.mkdtemp(prefix="prof_grpo_"))
+    prof = cProfile.Profile()
+    prof.enable()
+    trainer.fit(model, datamodule=dm)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf).sort_stats("cumulative")
+    stats.print_stats(25)
+    C.eprint(buf.getvalue())
+    by_name = {}
+    for (file, _, name), (_, _, _, cum, _) in stats.stats.items():
+        by_name[name] = max(by_name.get(name, 0.0), cum)
+    step = by_name.get("training_step", float("nan"))
+    gen = by_name.get("sample_completions", float("nan"))
+    fwd = by_name.get("sequence_logits", float("nan"))
+    return {"profile": "grpo_step", "beta": args.beta, "steps": args.steps, "training_step_s": round(step, 3),
+            "generate_s": round(gen, 3), "share_generate": round(gen / step, 3),
+            "share_sequence_logits": round(fwd / step, 3)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["rm", "grpo"])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--buckets", type=int, default=4)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
+    args = p.parse_args()
+    C.offline_env()
+    print(json.dumps(profile_rm(args) if args.what == "rm" else profile_grpo(args)))
+
+
+if __name__ == "__main__":
+    main()

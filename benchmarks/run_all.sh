@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every benchmark of docs/benchmarks.md, in sequence (they must not overlap: 2 cores), one JSON line each.
+#   bash benchmarks/run_all.sh [OUT_DIR]      (needs the bench extra: pip install -e '.[bench]')
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/benchmarks}
+PY=${PY:-.venv/bin/python}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+run() { local name=$1; shift; echo "== $name: $* ($(date -u +%H:%M:%S), load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        "$PY" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"; tail -n 30 "$OUT/$name.log" | grep '^|' >&2 || true; }
+run matmul_peak benchmarks/matmul_peak.py
+PEAK=$("$PY" -c "import json,sys; print(json.load(open('$OUT/matmul_peak.json'))['peak_gflops'])")
+run rm_step benchmarks/bench_rm_step.py --peak-gflops "$PEAK"
+run rm_train benchmarks/bench_rm_train.py --repeats 3 --train-pairs 400 --peak-gflops "$PEAK"
+run rm_eval benchmarks/bench_rm_eval.py --repeats 3 --test-pairs 384 --peak-gflops "$PEAK"
+run anchor benchmarks/bench_anchor.py --repeats 2 --steps 8 --train-pairs 400
+run grpo benchmarks/bench_grpo.py --repeats 2 --steps 6 --variants ours ours_fastgen trl
+run rm_train_levers benchmarks/bench_rm_train.py --repeats 1 --train-pairs 400 --peak-gflops "$PEAK" \
+    --variants padded grouped random_buckets bf16
+run scaling benchmarks/bench_scaling.py --steps 2 --peak-gflops "$PEAK"

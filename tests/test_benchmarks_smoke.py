@@ -1,0 +1,48 @@
+"""The benchmarks' arithmetic and helpers, on hand values (no trl import, no timing claims)."""
+import sys
+
+import pytest
+
+from benchmarks import common as C
+
+
+def test_mfu_on_hand_values():
+    # 6 * 1e6 params * 1e4 tokens = 6e10 FLOP in 1 s on a 100 GFLOP/s machine -> 0.6
+    assert C.mfu(1_000_000, 10_000, 1.0, 100.0) == pytest.approx(0.6)
+    assert C.mfu(1_000_000, 10_000, 2.0, 100.0, factor=2) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        C.mfu(1, 1, 0.0, 1.0)
+
+
+def test_padding_stats_and_summary():
+    stats = C.padding_stats([(30, 40), (10, 60)])
+    assert stats == {"real_tokens": 40, "processed_positions": 100, "padding_fraction": pytest.approx(0.6)}
+    assert C.summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_matmul_peak_is_the_best_shape():
+    out = C.matmul_peak(sizes=((64, 64, 64), (32, 128, 16)), repeats=1, min_seconds=0.001)
+    assert out["peak_gflops"] == max(out["per_shape_gflops"].values()) > 0
+    assert set(out["per_shape_gflops"]) == {"64x64x64", "32x128x16"}
+
+
+def test_workload_lengths_and_tokenizer(tmp_path):
+    paths = C.write_workload(str(tmp_path), 40, 8, seed=1)
+    from datamodules.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(paths["tokenizer"])
+    assert len(tok) == C.VOCAB_SIZE
+    rows = C.make_pairs(40, seed=1)
+    for row in rows:
+        for key in ("chosen", "rejected"):
+            n = 5 + len(row["prompt"].split()) + len(row[key][-1]["content"].split()) + 1
+            assert C.MIN_TOKENS <= n <= C.MAX_TOKENS
+    assert "trl" not in sys.modules
+
+
+def test_step_timer_window():
+    t = C.StepTimer(warmup=1)
+    t.marks, t.items = [0.0, 1.0, 3.0, 6.0], [{"pairs": 1}] * 4
+    seconds, items = t.window()
+    assert seconds == 5.0 and len(items) == 2
+    assert t.step_times() == [2.0, 3.0]
