@@ -56,8 +56,8 @@ def _free_port() -> int:
 
 def test_ddp_two_processes_equal_single_process(tmp_path):
     out_path = str(tmp_path / "ddp.pt")
-    # fork: the children inherit the imports (spawn re-imports torch in each child, ~30 s on 2 busy cores)
-    mp.start_processes(ddp_metric_worker, args=(2, _free_port(), out_path), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a child forked after torch started its thread pools can deadlock (seen in CI runs)
+    mp.start_processes(ddp_metric_worker, args=(2, _free_port(), out_path), nprocs=2, join=True, start_method="spawn")
     ddp = torch.load(out_path)
     single = _single()
     assert ddp["n"].tolist() == [3, 4]  # 7 samples, not the sampler's 8
