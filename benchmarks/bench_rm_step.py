@@ -40,11 +40,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
 
     def step(b):
-        r_a, r_b = model(b["input_ids"], b["attention_mask"])[0].chunk(2)
-        loss = -torch.nn.functional.logsigmoid(r_a - r_b).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        C.bt_step(model, opt, b)
 
     rows = []
     for grouped in (False, True):

@@ -278,3 +278,14 @@ class StepTimer:
 
     def step_times(self) -> list[float]:
         return [b - a for a, b in zip(self.marks[self.warmup:], self.marks[self.warmup + 1:])]
+
+
+def bt_step(model, opt, batch) -> None:
+    """One plain gold Bradley-Terry optimisation step (the bare loop the step benchmarks time)."""
+    import torch
+
+    r_a, r_b = model(batch["input_ids"], batch["attention_mask"])[0].chunk(2)
+    loss = -torch.nn.functional.logsigmoid(r_a - r_b).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()

@@ -36,11 +36,7 @@ def profile_rm(args) -> dict:
     batches = iter(dm.train_dataloader())
 
     def step(batch):
-        r_a, r_b = model(batch["input_ids"], batch["attention_mask"])[0].chunk(2)
-        loss = -torch.nn.functional.logsigmoid(r_a - r_b).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        C.bt_step(model, opt, batch)
 
     step(next(batches))  # warm-up
     todo = [next(batches) for _ in range(args.steps)]
