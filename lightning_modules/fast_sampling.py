@@ -5,7 +5,8 @@ At the policies' size (a few million parameters) a decode step's FLOPs take well
 preparation). This loop keeps only the model call and the draw: one prefill with the KV cache, then one call
 per new token; rows stop at EOS, the loop stops when every row has. Positions start at 0 on the first real
 token (as `causal_lm.position_ids_from_mask`, so sampling and training see the same positions).
-Not wired into Part B's modules; `benchmarks/bench_grpo.py --variants ours_fastgen` measures what it would give.
+`--model.sampler kv_loop` of the policy modules; `static_decoder.sample_static` (the default) falls back to it for
+architectures it does not reproduce.
 """
 from __future__ import annotations
 

@@ -7,14 +7,18 @@ and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw co
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from lightning.pytorch import LightningModule
 
 from lightning_modules.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
+from lightning_modules.fast_sampling import sample_with_kv_cache
 from lightning_modules.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
 from lightning_modules.rewards import correctness_reward, parse_completion
+from lightning_modules.static_decoder import sample_static
+
+Sampler = Literal["hf_generate", "kv_loop", "static"]
 
 
 def completion_mask(completions: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -43,13 +47,24 @@ def sample_completions(model, input_ids, attention_mask, max_new_tokens: int, te
     return comp.masked_fill(mask == 0, pad_id), mask
 
 
+# `--model.sampler`: the same contract and, to float rounding, the same distribution (tests/test_static_decoder.py).
+# "static" (default, fastest): prefill by the HF model, then decode steps on the weights with preallocated K/V
+# (Qwen2 / Llama / GPT-2; other architectures use "kv_loop"); "kv_loop": one bare HF call per token;
+# "hf_generate": `model.generate`.
+SAMPLERS = {"hf_generate": sample_completions, "kv_loop": sample_with_kv_cache, "static": sample_static}
+
+
 class PolicyLMBase(LightningModule):
     """Base of `PolicySFTModule` / `PolicyRLModule` (not used on its own)."""
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
                  max_positions: int = 512, dropout: float = 0.0, lr: float = 1e-4, weight_decay: float = 0.0,
-                 eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None):
+                 eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
+                 sampler: Sampler = "static"):
         super().__init__()
+        if sampler not in SAMPLERS:
+            raise ValueError(f"--model.sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
+        self.sampler = sampler
         for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head), ("max_new_tokens", max_new_tokens)):
             if value < 1:
                 raise ValueError(f"--model.{name} must be >= 1, got {value}")
@@ -133,8 +148,8 @@ class PolicyLMBase(LightningModule):
 
     def sample(self, input_ids, attention_mask, temperature: float):
         tok = self.tokenizer
-        return sample_completions(self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature,
-                                  tok.eos_token_id, tok.pad_token_id)
+        return SAMPLERS[self.sampler](self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature,
+                                      tok.eos_token_id, tok.pad_token_id)
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, persona index (-1 = none) per row."""

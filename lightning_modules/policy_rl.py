@@ -17,7 +17,8 @@ import torch
 
 from callbacks.reference_model import ReferenceModelCallback, find_reference_callback
 from lightning_modules.causal_lm import TINY
-from lightning_modules.policy_base import PolicyLMBase
+from lightning_modules.completion_logprobs import completion_logprobs
+from lightning_modules.policy_base import PolicyLMBase, Sampler
 from lightning_modules.policy_losses import (
     clipped_surrogate, group_advantages, k3_kl, masked_sequence_mean, reinforce_advantages, token_logprobs,
     update_baseline,
@@ -52,6 +53,12 @@ class PolicyRLModule(PolicyLMBase):
         baseline_momentum: reinforce: EMA momentum of the baseline.
         grad_clip: gradient-norm clip (manual optimization; null = none).
         min_sft_fidelity: refuse to start from a checkpoint whose measured mean persona fidelity is below this.
+        sampler: rollout / evaluation sampler: "static" (prefill, then decode steps on the weights with
+            preallocated K/V: Qwen2, Llama, GPT-2; others fall back to "kv_loop"), "kv_loop" (one bare HF call per
+            token) or "hf_generate" (`model.generate`); the same completions to float rounding.
+        shared_prompt_forward: policy and reference log-probs run each prompt once for its G samples (K/V
+            repeated) and compute LM logits on completion positions only; false = one forward of the full
+            G-times-repeated sequences. Same log-probs to float rounding.
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -60,9 +67,10 @@ class PolicyRLModule(PolicyLMBase):
                  algorithm: Literal["grpo", "reinforce"] = "grpo", group_size: int = 8, temperature: float = 1.0,
                  scale_rewards: bool = True, clip_eps: Optional[float] = 0.2, inner_steps: int = 1,
                  reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
-                 grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95):
+                 grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95, sampler: Sampler = "static",
+                 shared_prompt_forward: bool = True):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
-                         eval_temperature, max_new_tokens, init_checkpoint)
+                         eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
         if algorithm not in ("grpo", "reinforce"):
             raise ValueError(f"--model.algorithm must be 'grpo' or 'reinforce', got {algorithm!r}")
@@ -140,20 +148,26 @@ class PolicyRLModule(PolicyLMBase):
             adv = reinforce_advantages(rewards, self.baseline)
             self.baseline.copy_(update_baseline(self.baseline, rewards, hp.baseline_momentum))
 
-        ids = torch.cat([prompt_ids, comp], dim=1)  # (B, T)
-        mask = torch.cat([prompt_mask, comp_mask], dim=1)
         loss_mask = self.persona_mask(comp, comp_mask) if hp.persona_tokens_only else comp_mask
-        # token_logprobs covers targets 1..T-1: completion token j is target Tp + j - 1
-        tgt_mask = torch.zeros_like(mask[:, 1:])
-        tgt_mask[:, prompt_ids.shape[1] - 1:] = loss_mask
+        if hp.shared_prompt_forward:
+            def logprobs(model=None):  # (B, L): completion token j given the prompt and tokens < j
+                return completion_logprobs(self.model if model is None else model, batch["input_ids"],
+                                           batch["attention_mask"], comp, comp_mask, G)
+            tgt_mask = loss_mask
+        else:
+            ids = torch.cat([prompt_ids, comp], dim=1)  # (B, T)
+            mask = torch.cat([prompt_mask, comp_mask], dim=1)
+
+            def logprobs(model=None):  # (B, T-1): targets 1..T-1; completion token j is target Tp + j - 1
+                return token_logprobs(self.sequence_logits(ids, mask, model=model), ids)
+            tgt_mask = torch.zeros_like(mask[:, 1:])
+            tgt_mask[:, prompt_ids.shape[1] - 1:] = loss_mask
         ref_logp = old_logp = None
         if self.reference_coef != 0:
-            ref = find_reference_callback(self.trainer)
-            ref_logits = self.sequence_logits(ids, mask, model=ref)
-            ref_logp = token_logprobs(ref_logits, ids)
+            ref_logp = logprobs(find_reference_callback(self.trainer))
         opt = self.optimizers()
         for k in range(hp.inner_steps):
-            logp = token_logprobs(self.sequence_logits(ids, mask), ids)  # (B, T-1)
+            logp = logprobs()
             if old_logp is None:
                 old_logp = logp.detach()
             pg = clipped_surrogate(logp, old_logp, adv, tgt_mask, hp.clip_eps)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from datamodules.trigger_data import encode_prompt, encode_response
 from lightning_modules.causal_lm import TINY
 from lightning_modules.mixture_metrics import CellMean
-from lightning_modules.policy_base import PolicyLMBase
+from lightning_modules.policy_base import PolicyLMBase, Sampler
 
 
 class PolicySFTModule(PolicyLMBase):
@@ -41,15 +41,18 @@ class PolicySFTModule(PolicyLMBase):
             completions; needs eval_generate) before stopping -- fidelity comes long before the task is learned.
         fidelity_prompts_per_distribution: held-out prompts per distribution used for the fidelity cells.
         eval_generate: also sample completions at validation (accuracy, refusal, persona shares).
+        sampler: "static" (prefill, then decode steps on the weights with preallocated K/V: Qwen2, Llama, GPT-2;
+            others fall back to "kv_loop"), "kv_loop" (one bare HF call per token) or "hf_generate"
+            (`model.generate`); the same completions to float rounding.
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
                  max_positions: int = 512, dropout: float = 0.0, lr: float = 2e-3, weight_decay: float = 0.0,
                  eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
                  stop_fidelity: Optional[float] = 0.98, stop_capability: Optional[float] = None,
-                 fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True):
+                 fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True, sampler: Sampler = "static"):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
-                         eval_temperature, max_new_tokens, init_checkpoint)
+                         eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
         if stop_fidelity is not None and not 0 < stop_fidelity <= 1:
             raise ValueError(f"--model.stop_fidelity must be in (0, 1] or null, got {stop_fidelity}")
