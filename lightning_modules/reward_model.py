@@ -21,6 +21,7 @@ from lightning_modules.backbones import (
     LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
 from lightning_modules.heads import Pooling, RewardHead
+from lightning_modules.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.length_buckets import bucketed_scores
 from lightning_modules.losses import masked_mse, reward_centering_loss
 from lightning_modules.metrics import PairwiseAccuracy, TransferScores
@@ -52,6 +53,10 @@ class RewardModelModule(LightningModule):
         length_buckets: score a right-padded batch as at most this many forwards of similar-length rows
             (less padding; same rewards to float rounding); 1 = one padded forward. The ANCHOR forward, which
             needs every token's hidden states, always runs padded.
+        last_token_scoring: with "last" pooling on a plain Qwen2/Llama backbone, compute the last layer's
+            queries, attention output and MLP at the pooled token only (every position still gives its keys and
+            values): the same rewards and gradients to float rounding, ~20% fewer FLOPs for 4 layers. Other
+            backbones (and LoRA, gradient checkpointing) use the full forward. The ANCHOR forward is always full.
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -74,6 +79,7 @@ class RewardModelModule(LightningModule):
         freeze_layers: int = 0,
         ceiling_results: Optional[str] = None,
         length_buckets: int = 1,
+        last_token_scoring: bool = True,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
@@ -90,6 +96,7 @@ class RewardModelModule(LightningModule):
         if length_buckets < 1:
             raise ValueError(f"--model.length_buckets must be >= 1, got {length_buckets}")
         self.length_buckets = int(length_buckets)
+        self.last_token_scoring = bool(last_token_scoring)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
         self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype)
@@ -126,7 +133,7 @@ class RewardModelModule(LightningModule):
     # ---- scoring -----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
         """Rewards (N,) and, when asked, the tuple of hidden states (embeddings, layer 1, ..., layer L)."""
-        if self.length_buckets > 1 and not output_hidden_states:
+        if not output_hidden_states:  # one forward when length_buckets is 1
             return bucketed_scores(self._rewards, input_ids, attention_mask, self.length_buckets), None
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                             output_hidden_states=output_hidden_states)
@@ -134,6 +141,9 @@ class RewardModelModule(LightningModule):
         return rewards, (out.hidden_states if output_hidden_states else None)
 
     def _rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.last_token_scoring and self.head.pooling == "last" and supports_last_token_scoring(self.backbone):
+            pooled = last_token_hidden(self.backbone, input_ids, attention_mask)  # (n, H)
+            return self.head.score(pooled.to(self.head.score.weight.dtype)).squeeze(-1)  # (n,)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
         return self.head(out.last_hidden_state, attention_mask)  # (n,)
 
