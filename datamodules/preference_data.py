@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -37,6 +38,15 @@ CACHE_VERSION = "1"
 
 def default_cache_dir() -> str:
     return os.environ.get("SHIFTGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shiftgen"))
+
+
+def tempered(q: float, temperature: float) -> float:
+    """σ(logit(q) / T) for a stored soft label q = σ(Δ); T = 0 gives the hard label (0.5 on a tie)."""
+    if temperature == 1.0:
+        return q
+    if temperature == 0.0 or q in (0.0, 1.0):
+        return 1.0 if q > 0.5 else 0.0 if q < 0.5 else 0.5
+    return 1.0 / (1.0 + math.exp(-math.log(q / (1.0 - q)) / temperature))
 
 
 class PairDataset(Dataset):
@@ -95,6 +105,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
             teacher that knows part of the true rule (e.g. {"artifact_rate": 0.6}: the artifact is a weaker cue
             in the teacher's data, so it must learn more of the rule). The student half is unchanged.
+        label_temperature: T of the weak labels q = σ(Δ_teacher / T): 1 keeps the teacher's soft labels, < 1
+            sharpens them, 0 makes them hard (1 if Δ > 0, 0 if Δ < 0, 0.5 on a tie). Applied when the cached
+            labels are loaded, so every temperature reuses one teacher pass.
         train_labels: "weak" trains on the teacher's soft labels; "gold" keeps the gold labels (the ceiling)
             while the teacher's test margins still give teacher-vs-student scores on the same pairs.
         batch_size: pairs per training batch (2x sequences per forward).
@@ -122,6 +135,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_checkpoint: Optional[str] = None,
         weak_labels: Optional[str] = None,
         label_seed: Optional[int] = None,
+        label_temperature: float = 1.0,
         train_labels: str = "weak",
         teacher_source_options: dict = {},
         batch_size: int = 16,
@@ -139,6 +153,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         if (teacher_checkpoint or weak_labels) and train_subset != "student":
             raise ValueError("--data.teacher_checkpoint / --data.weak_labels label the student half: "
                              f"set --data.train_subset student (got {train_subset!r})")
+        if isinstance(label_temperature, bool) or not label_temperature >= 0:
+            raise ValueError(f"--data.label_temperature must be >= 0 (0 = hard labels), got {label_temperature!r}")
         if train_labels not in ("weak", "gold"):
             raise ValueError(f"--data.train_labels must be 'weak' or 'gold', got {train_labels!r}")
         if teacher_checkpoint and weak_labels:
@@ -341,7 +357,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         with open(path) as f:
             payload = json.load(f)
         self.weak_labels_path = path
-        payload["labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
+        T = float(hp.label_temperature)
+        payload["labels"] = {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}
         return payload
 
     # ---- loaders ------------------------------------------------------------------------------------------

@@ -65,8 +65,16 @@ def build_backbone(
     quantization: Optional[str] = None,
     dtype: Optional[str] = None,
     attn_implementation: Optional[str] = None,
+    keep_layers: Optional[int] = None,
 ) -> nn.Module:
-    """The base transformer for `name` (see module docstring); quantization needs a pretrained checkpoint."""
+    """The base transformer for `name` (see module docstring); quantization needs a pretrained checkpoint.
+
+    `keep_layers` loads only the first k transformer layers of a pretrained checkpoint (the embeddings and
+    those layers keep their pretrained weights): a smaller model of the same family, e.g. a weak teacher.
+    """
+    if keep_layers is not None and is_tiny(name):
+        raise ValueError(f"--model.keep_layers applies to pretrained backbones; for {name!r} set "
+                         "--model.tiny_config.num_hidden_layers")
     if is_tiny(name):
         if quantization is not None:
             raise ValueError(f"--model.quantization {quantization} needs a pretrained backbone, not {name!r}")
@@ -84,6 +92,8 @@ def build_backbone(
     if quantization is not None:
         kwargs["quantization_config"] = bnb_config(quantization)
     path = resolve_pretrained(name)
+    if keep_layers is not None:
+        kwargs[_layer_count_key(AutoConfig.from_pretrained(path), name, keep_layers)] = keep_layers
     try:
         return AutoModel.from_pretrained(path, **kwargs)
     except OSError as err:
@@ -91,6 +101,14 @@ def build_backbone(
             " Without network, download the checkpoint elsewhere and pass its local directory as --model.backbone."
         )
         raise OSError(f"could not load backbone {name!r}: {str(err)[:300]}.{hint}") from err
+
+
+def _layer_count_key(cfg: PretrainedConfig, name: str, keep: int) -> str:
+    key = "num_hidden_layers" if hasattr(cfg, "num_hidden_layers") else "n_layer"
+    total = getattr(cfg, key)
+    if not 1 <= keep <= total:
+        raise ValueError(f"--model.keep_layers must be in [1, {total}] for {name!r} ({total} layers), got {keep}")
+    return key
 
 
 def bnb_config(quantization: str):

@@ -37,6 +37,9 @@ class RewardModelModule(LightningModule):
         tokenizer: tokenizer name or directory (defaults to `backbone`; required for tiny backbones, whose
             vocabulary size is taken from it). Linked to `--data.tokenizer` by the CLI.
         tiny_config: overrides of the tiny config (e.g. {"hidden_size": 256, "num_hidden_layers": 4}).
+        keep_layers: keep only the first k transformer layers of a pretrained backbone (its pretrained
+            embeddings and lower layers: a smaller model of the same family, e.g. the synthetic benchmark's
+            weak teacher); null keeps them all.
         pooling: "last" (last non-padding token) or "mean" (mean over non-padding tokens).
         objective: the preference loss (gold Bradley–Terry, naive soft BT, confidence W2S, ...).
         anchor_coef: λ of ANCHOR; 0 disables it (and no reference model is built).
@@ -66,6 +69,7 @@ class RewardModelModule(LightningModule):
         backbone: str = "tiny-qwen2",
         tokenizer: Optional[str] = None,
         tiny_config: Optional[dict] = None,
+        keep_layers: Optional[int] = None,
         pooling: Pooling = "last",
         objective: Optional[PreferenceObjective] = None,
         anchor_coef: float = 0.0,
@@ -99,7 +103,8 @@ class RewardModelModule(LightningModule):
         self.last_token_scoring = bool(last_token_scoring)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
-        self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype)
+        self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype,
+                                       keep_layers=keep_layers)
         if len(tok) > self.backbone.get_input_embeddings().num_embeddings:
             raise ValueError(
                 f"tokenizer {self.tokenizer_name!r} has {len(tok)} tokens but backbone {backbone!r} only "

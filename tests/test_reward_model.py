@@ -129,3 +129,16 @@ def test_teacher_source_options_change_only_the_teacher_half(word_tokenizer_dir,
 
     assert chosen_artifact_share(base["train_teacher"]) == pytest.approx(0.85, abs=0.05)
     assert chosen_artifact_share(variant["train_teacher"]) == pytest.approx(0.5, abs=0.07)
+
+
+def test_keep_layers_loads_the_pretrained_lower_layers():
+    """keep_layers=k: a smaller model of the same family, whose embeddings and first k layers are the checkpoint's."""
+    from lightning_modules.reward_model import RewardModelModule
+
+    full = RewardModelModule(backbone="minilm", pooling="mean")
+    small = RewardModelModule(backbone="minilm", pooling="mean", keep_layers=2)
+    assert len(small.backbone.encoder.layer) == 2 and small.backbone.config.num_hidden_layers == 2
+    full_state = full.backbone.state_dict()
+    for name, value in small.backbone.state_dict().items():
+        assert torch.equal(value, full_state[name]), name
+    assert any(name.startswith("encoder.layer.5.") for name in full_state)
