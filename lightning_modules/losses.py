@@ -51,6 +51,13 @@ def masked_mse(hidden: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor
     return sq / denom.clamp_min(1.0)
 
 
+def selected_mse(hidden: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """`masked_mse` on pre-selected positions: hidden, reference (n, H); 0 when n = 0."""
+    if hidden.shape[0] == 0:
+        return hidden.sum() * 0.0  # keeps the graph (and DDP's view of used parameters)
+    return ((hidden - reference.to(hidden.dtype)) ** 2).mean()
+
+
 def reward_centering_loss(rewards_a: torch.Tensor, rewards_b: torch.Tensor) -> torch.Tensor:
     """Eisenstein et al.'s centering term mean((r_a + r_b)²), keeping rewards near zero mean."""
     return ((rewards_a + rewards_b) ** 2).mean()

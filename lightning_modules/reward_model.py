@@ -23,7 +23,7 @@ from lightning_modules.backbones import (
 from lightning_modules.heads import Pooling, RewardHead
 from lightning_modules.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.length_buckets import bucketed_scores
-from lightning_modules.losses import masked_mse, reward_centering_loss
+from lightning_modules.losses import reward_centering_loss, selected_mse
 from lightning_modules.metrics import PairwiseAccuracy, TransferScores
 from lightning_modules.objectives import GoldBradleyTerry, PreferenceObjective
 
@@ -181,13 +181,20 @@ class RewardModelModule(LightningModule):
         return loss
 
     def anchor_loss(self, batch: dict, hidden: tuple) -> torch.Tensor:
-        """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b."""
+        """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b.
+
+        Each layer's term is the mean of (h − h_ref)² over the response tokens and hidden units of the batch
+        (`losses.masked_mse`), computed on the selected positions only.
+        """
         reference = find_reference_callback(self.trainer)
         if reference is None or not reference.enabled:
             raise RuntimeError("--model.anchor_coef > 0 needs the ReferenceModelCallback (added by cli.py)")
-        ref_hidden = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               output_hidden_states=True).hidden_states
-        terms = [masked_mse(hidden[i], ref_hidden[i], batch["response_mask"]) for i in self.anchor_layer_ids]
+        select = batch["response_mask"].bool()  # (2B, T)
+        index = batch["index"].tolist()  # rows are (a_1..a_B, b_1..b_B); a pair's order is fixed across epochs
+        keys = [("a", i) for i in index] + [("b", i) for i in index]
+        ref = reference.selected_hidden_states(batch["input_ids"], batch["attention_mask"], select,
+                                               self.anchor_layer_ids, keys)
+        terms = [selected_mse(hidden[l][select], r) for l, r in zip(self.anchor_layer_ids, ref)]
         return torch.stack(terms).mean()
 
     def _progress(self) -> float:

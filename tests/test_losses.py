@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lightning_modules.losses import (
-    bradley_terry_loss, confidence_w2s_loss, hardened_student_labels, masked_mse, reward_centering_loss,
+    bradley_terry_loss, confidence_w2s_loss, hardened_student_labels, masked_mse, reward_centering_loss, selected_mse,
     soft_bradley_terry_loss,
 )
 from lightning_modules.objectives import OBJECTIVES, ConfidenceW2S, GoldBradleyTerry, SoftBradleyTerry
@@ -86,3 +86,11 @@ def test_objective_registry_and_validation():
     with pytest.raises(ValueError, match="gold pairs"):
         GoldBradleyTerry()(torch.zeros(2), torch.tensor([1.0, 0.3]), 0.0)
     assert SoftBradleyTerry()(torch.zeros(2), torch.tensor([1.0, 0.0]), 0.0).item() == pytest.approx(math.log(2))
+
+
+def test_selected_mse_equals_masked_mse_on_the_selected_positions():
+    hidden, ref = torch.randn(3, 5, 4), torch.randn(3, 5, 4)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 0]])
+    sel = mask.bool()
+    assert selected_mse(hidden[sel], ref[sel]).item() == pytest.approx(masked_mse(hidden, ref, mask).item(), rel=1e-6)
+    assert selected_mse(hidden[sel][:0], ref[sel][:0]).item() == 0.0

@@ -105,3 +105,31 @@ def test_lora_reference_disables_adapters_without_a_copy(word_tokenizer_dir, cac
     assert seen == {"mode": "disable_adapter", "extra": 0}
     assert sum(p.numel() for p in model.parameters()) == base_params
     assert rec.anchor[0] == 0.0 and rec.anchor[-1] > 0  # LoRA's B starts at zero: student = reference
+
+
+def test_cached_reference_outputs_match_and_skip_later_epochs(word_tokenizer_dir, cache_dir, tmp_path):
+    """cache_outputs: the same anchor losses and weights as recomputing, and no reference forward after epoch 1
+    (batches are regrouped every epoch, so rows are read back from the cache in new compositions)."""
+    runs = {}
+    for cache in (False, True):
+        pl.seed_everything(0)
+        model = tiny_model(word_tokenizer_dir, anchor_coef=10.0)
+        ref_cb, rec, calls = ReferenceModelCallback(cache_outputs=cache), AnchorRecorder(), []
+
+        class CountForwards(Callback):
+            def on_train_start(self, trainer, pl_module):
+                ref_cb.reference.model.register_forward_hook(lambda m, i, o: calls.append(trainer.current_epoch))
+
+        trainer = quiet_trainer(str(tmp_path / str(cache)), max_epochs=2, limit_val_batches=0,
+                                callbacks=[ref_cb, rec, CountForwards()])
+        dm = tiny_data(word_tokenizer_dir, cache_dir, train_subset="student")
+        trainer.fit(model, dm)
+        runs[cache] = rec.anchor, calls, {k: v.clone() for k, v in model.state_dict().items()}
+    (plain, plain_calls, plain_w), (cached, cached_calls, cached_w) = runs[False], runs[True]
+    steps_per_epoch = len(plain) // 2
+    assert len(plain) == len(cached) == 2 * steps_per_epoch and max(plain) > 0
+    torch.testing.assert_close(torch.tensor(cached), torch.tensor(plain), rtol=1e-4, atol=1e-7)
+    for k in plain_w:
+        torch.testing.assert_close(cached_w[k], plain_w[k], rtol=1e-4, atol=5e-5)  # float noise: another padding
+    assert plain_calls == [0] * steps_per_epoch + [1] * steps_per_epoch
+    assert cached_calls == [0] * steps_per_epoch  # epoch 2 reads every row from the cache
