@@ -11,8 +11,10 @@ frozen reference (ours: ReferenceModelCallback; TRL: its reference model). A ran
 EOS, so both generate (nearly) the full 24 tokens: the mean completion length is reported for each.
 Variants are fresh processes, interleaved. Prints one JSON line; a markdown table to stderr.
 
-Variants: trl (GRPOTrainer), ours (PolicyRLModule as it is: HF `generate`), ours_fastgen (the same module with
-`lightning_modules.fast_sampling.sample_with_kv_cache` swapped in for `generate`: the batched KV-cache lever).
+Variants: trl (GRPOTrainer); ours (PolicyRLModule with its defaults: `--model.sampler static`, the static-KV-cache
+decoder, and `--model.shared_prompt_forward true`, each prompt run once per group in the log-prob forwards);
+the levers one at a time: ours_generate (sampler hf_generate, full forwards: the module before the levers),
+ours_kvloop (sampler kv_loop, full forwards), ours_static (sampler static, full forwards).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as C  # noqa: E402
 
 FAMILY, RL_DIST = "two_policies", "A"
+OURS = {"ours": {}, "ours_generate": dict(sampler="hf_generate", shared_prompt_forward=False),
+        "ours_kvloop": dict(sampler="kv_loop", shared_prompt_forward=False),
+        "ours_static": dict(sampler="static", shared_prompt_forward=False)}
 
 
 def trigger_dm(args, seed: int):
@@ -64,16 +69,11 @@ def worker_ours(args, path: str) -> dict:
 
     from lightning_modules.policy_rl import PolicyRLModule
 
-    if args.variant == "ours_fastgen":  # the lever, without touching Part B's files: swap the sampler it calls
-        import lightning_modules.policy_base as policy_base
-        from lightning_modules.fast_sampling import sample_with_kv_cache
-
-        policy_base.sample_completions = sample_with_kv_cache
     dm = trigger_dm(args, args.seed)
     torch.manual_seed(args.seed)
     model = PolicyRLModule(backbone=path, min_sft_fidelity=0, group_size=args.group_size, lr=args.lr,
                            max_new_tokens=args.max_new_tokens, temperature=1.0, reference_coef=args.beta,
-                           grad_clip=1.0)
+                           grad_clip=1.0, **OURS[args.variant])
     timer = C.StepTimer(warmup=args.warmup)
     lengths: list[float] = []
 
@@ -155,7 +155,7 @@ def result(args, timer: "C.StepTimer", lengths: list[float]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--betas", nargs="+", type=float, default=[0.0, 0.04])
-    p.add_argument("--variants", nargs="+", default=["ours", "trl"], choices=["ours", "ours_fastgen", "trl"])
+    p.add_argument("--variants", nargs="+", default=["ours", "trl"], choices=[*OURS, "trl"])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -189,7 +189,7 @@ def main() -> None:
     keys = ("completions_per_s", "steps_per_s", "mean_completion_tokens", "peak_rss_mb")
     table = {v: {k: C.summary([r[k] for r in rs if r[k] is not None], 4) for k in keys} for v, rs in runs.items()}
     ratios = {}
-    for b, ours in ((b, o) for b in args.betas for o in ("ours", "ours_fastgen")):
+    for b, ours in ((b, o) for b in args.betas for o in OURS):
         o, t = f"{ours}@beta={b:g}", f"trl@beta={b:g}"
         if o in runs and t in runs:
             ratios[f"{ours}/trl@beta={b:g}"] = {

@@ -8,8 +8,9 @@ Same model weights for all (TRL's model is a copy of ours), the same test pairs,
 
 Variants (levers, before/after):
     trl      TRL: pairs in dataset order, right-padded to the batch's longest sequence, one forward
-    sorted   ours: pairs sorted by length (the datamodule's eval order), one padded forward per batch
-    ours     + each batch's 128 sequences scored in up to 8 length buckets (`--model.length_buckets 8`)
+    sorted   ours: pairs sorted by length (the datamodule's eval order), one padded forward per batch, full last layer
+    full_last_layer  + each batch's 128 sequences scored in up to 8 length buckets (`--model.length_buckets 8`)
+    ours     + last-token scoring (the default): the last layer's queries and MLP at the pooled token only
 Prints one JSON line; a markdown table to stderr.
 """
 from __future__ import annotations
@@ -26,12 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as C  # noqa: E402
 
 SPLIT = "ultrafeedback"
-BUCKETS = {"sorted": 1, "ours": 8}
+VARIANTS = {"sorted": dict(length_buckets=1, last_token_scoring=False),
+            "full_last_layer": dict(length_buckets=8, last_token_scoring=False),
+            "ours": dict(length_buckets=8, last_token_scoring=True)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", nargs="+", default=["ours", "sorted", "trl"], choices=["ours", "sorted", "trl"])
+    p.add_argument("--variants", nargs="+", default=["ours", "sorted", "trl"], choices=[*VARIANTS, "trl"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--test-pairs", type=int, default=512)
     p.add_argument("--eval-batch-size", type=int, default=64)
@@ -94,7 +97,8 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             acc, positions = metrics["eval_accuracy"], sum(trl_positions)
         else:
-            ours.length_buckets = BUCKETS[variant]
+            for key, value in VARIANTS[variant].items():
+                setattr(ours, key, value)
             ours_trainer.test(ours, datamodule=dm, verbose=False)
             seconds = time.perf_counter() - t0
             acc = ours.test_results[SPLIT]["acc"]
@@ -102,7 +106,7 @@ def main() -> None:
             for s in range(0, len(test), args.eval_batch_size):
                 batch = [test[i] for i in range(s, min(s + args.eval_batch_size, len(test)))]
                 lengths = [len(r["a_input_ids"]) for r in batch] + [len(r["b_input_ids"]) for r in batch]
-                positions += processed_positions(lengths, BUCKETS[variant])
+                positions += processed_positions(lengths, VARIANTS[variant]["length_buckets"])
         return {"seconds": seconds, "pairs_per_s": len(rows) / seconds, "acc": acc,
                 "padding_fraction": 1 - real_tokens / positions,
                 "useful_mfu_fwd": C.mfu(params, real_tokens, seconds, peak["peak_gflops"], factor=2)}

@@ -14,7 +14,9 @@ Variants (ours = the tuned configuration; the others are the levers, before/afte
     trl             TRL RewardTrainer (random batches, right-padded to the batch's longest sequence)
     padded          ours with TRL's batching: random batches, one padded forward
     grouped         + length-grouped batches (the default sampler)
-    ours            + length-bucketed forwards within the step (`--model.length_buckets 4`)
+    ours            + length-bucketed forwards within the step (`--model.length_buckets 4`) + last-token scoring
+                    (`--model.last_token_scoring`, the default: the last layer's queries/MLP at the pooled token only)
+    full_last_layer ours without last-token scoring (the full last layer: ours before that lever)
     random_buckets  random batches (as TRL) + up to 8 length-bucketed forwards per step
     bf16            ours under bf16-mixed autocast (changes numerics)
 Prints one JSON line; a markdown table to stderr.
@@ -32,9 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as C  # noqa: E402
 
 VARIANTS = {
-    "padded": dict(length_grouped=False, length_buckets=1),
-    "grouped": dict(length_grouped=True, length_buckets=1),
+    "padded": dict(length_grouped=False, length_buckets=1, last_token_scoring=False),
+    "grouped": dict(length_grouped=True, length_buckets=1, last_token_scoring=False),
     "ours": dict(length_grouped=True, length_buckets=4),
+    "full_last_layer": dict(length_grouped=True, length_buckets=4, last_token_scoring=False),
     "random_buckets": dict(length_grouped=False, length_buckets=8),
     "bf16": dict(length_grouped=True, length_buckets=4, precision="bf16-mixed"),
 }

@@ -56,6 +56,9 @@ def profile_rm(args) -> dict:
             "top_ops": [{"op": e.key, "share": round(e.self_cpu_time_total / total, 3)} for e in top]}
 
 
+SAMPLER_FUNCTION = {"hf_generate": "sample_completions", "kv_loop": "sample_with_kv_cache", "static": "sample_static"}
+
+
 def profile_grpo(args) -> dict:
     import lightning.pytorch as pl
 
@@ -66,7 +69,7 @@ def profile_grpo(args) -> dict:
     path = G.model_dir(ns)
     dm = G.trigger_dm(ns, 0)
     model = PolicyRLModule(backbone=path, min_sft_fidelity=0, group_size=8, lr=1e-5, max_new_tokens=24,
-                           reference_coef=args.beta)
+                           reference_coef=args.beta, **G.OURS[args.variant])
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          limit_val_batches=0, default_root_dir=tempfile.mkdtemp(prefix="prof_grpo_"))
@@ -82,11 +85,15 @@ def profile_grpo(args) -> dict:
     for (file, _, name), (_, _, _, cum, _) in stats.stats.items():
         by_name[name] = max(by_name.get(name, 0.0), cum)
     step = by_name.get("training_step", float("nan"))
-    gen = by_name.get("sample_completions", float("nan"))
-    fwd = by_name.get("sequence_logits", float("nan"))
-    return {"profile": "grpo_step", "beta": args.beta, "steps": args.steps, "training_step_s": round(step, 3),
-            "generate_s": round(gen, 3), "share_generate": round(gen / step, 3),
-            "share_sequence_logits": round(fwd / step, 3)}
+    gen = by_name.get(SAMPLER_FUNCTION[model.sampler], float("nan"))
+    fwd = by_name.get("completion_logprobs" if model.hparams.shared_prompt_forward else "sequence_logits", float("nan"))
+    back = by_name.get("manual_backward", float("nan"))
+    score = by_name.get("score", float("nan"))
+    total = by_name.get("fit", float("nan"))
+    return {"profile": "grpo_step", "variant": args.variant, "beta": args.beta, "steps": args.steps,
+            "fit_s": round(total, 3), "training_step_s": round(step, 3), "sampling_s": round(gen, 3),
+            "share_sampling": round(gen / step, 3), "share_logprob_forwards": round(fwd / step, 3),
+            "share_backward": round(back / step, 3), "share_score": round(score / step, 3)}
 
 
 def main() -> None:
@@ -95,6 +102,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--buckets", type=int, default=4)
     p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--variant", default="ours", help="grpo: a variant of bench_grpo.py's ours_* (module options)")
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     args = p.parse_args()
     C.offline_env()

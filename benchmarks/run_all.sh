@@ -11,11 +11,14 @@ run() { local name=$1; shift; echo "== $name: $* ($(date -u +%H:%M:%S), load $(c
         "$PY" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"; tail -n 30 "$OUT/$name.log" | grep '^|' >&2 || true; }
 run matmul_peak benchmarks/matmul_peak.py
 PEAK=$("$PY" -c "import json,sys; print(json.load(open('$OUT/matmul_peak.json'))['peak_gflops'])")
-run rm_step benchmarks/bench_rm_step.py --peak-gflops "$PEAK"
+run rm_step benchmarks/bench_rm_step.py --peak-gflops "$PEAK" --buckets 1 4 8
 run rm_train benchmarks/bench_rm_train.py --repeats 3 --train-pairs 400 --peak-gflops "$PEAK"
-run rm_eval benchmarks/bench_rm_eval.py --repeats 3 --test-pairs 384 --peak-gflops "$PEAK"
+run rm_eval benchmarks/bench_rm_eval.py --repeats 3 --test-pairs 384 --peak-gflops "$PEAK" \
+    --variants ours full_last_layer sorted trl
 run anchor benchmarks/bench_anchor.py --repeats 2 --steps 8 --train-pairs 400
-run grpo benchmarks/bench_grpo.py --repeats 2 --steps 6 --variants ours ours_fastgen trl
+run grpo benchmarks/bench_grpo.py --repeats 2 --steps 8 --variants ours ours_static ours_generate trl
 run rm_train_levers benchmarks/bench_rm_train.py --repeats 1 --train-pairs 400 --peak-gflops "$PEAK" \
-    --variants padded grouped random_buckets bf16
+    --variants padded grouped full_last_layer random_buckets bf16
 run scaling benchmarks/bench_scaling.py --steps 2 --peak-gflops "$PEAK"
+run profile_rm benchmarks/profile_steps.py rm --steps 4
+run profile_grpo benchmarks/profile_steps.py grpo --steps 6 --beta 0.04

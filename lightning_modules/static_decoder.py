@@ -9,7 +9,7 @@ pass of plain tensor ops per layer: q/k/v from one fused matmul, RoPE from a pre
 place at the step's column, SDPA against a fixed key-padding mask, fused gate/up. The weights are read (and
 q/k/v, gate/up concatenated) once per call, so sampling always uses the current parameters.
 
-Exact: per-step logits equal the HF model's full forward to float rounding (tests/test_static_decoder.py, on
+Exact (fp32): per-step logits equal the HF model's full forward to float rounding (tests/test_static_decoder.py, on
 left-padded batches), greedy completions equal HF `generate`'s, and a draw is `multinomial(softmax(logits / T))`
 like `generate`'s with top-k 0 / top-p 1. Other architectures, or configs outside what is reproduced here
 (sliding windows, scaled GPT-2 attention variants), fall back to `fast_sampling.sample_with_kv_cache`.
@@ -56,8 +56,9 @@ def _cache_kv(cache, i: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # HF's Qwen2/Llama RMSNorm, op for op (fp32 models: the dtype casts are no-ops)
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    # HF's Qwen2/Llama RMSNorm, op for op (in fp32 the casts are no-ops)
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
