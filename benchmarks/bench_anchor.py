@@ -5,6 +5,8 @@
 Variants (each a fresh process, interleaved; same data, weights and steps; fp32, 2 threads):
     naive        full fine-tuning, anchor_coef 0 (no reference model)
     anchor_copy  full fine-tuning + ANCHOR (λ = 1, last layer) against a full frozen deep copy
+    anchor_copy_cached  the same with `--reference.cache_outputs`, timed in the second epoch (the first epoch,
+                 which fills the cache, costs what anchor_copy costs; it runs untimed before the window)
     naive_lora   LoRA (r 16, all linear layers), anchor_coef 0
     anchor_lora  LoRA + ANCHOR against the same weights with the adapters disabled (no copy)
 All use one padded forward per step (`length_buckets` 1; the anchored forward needs every token's hidden state).
@@ -29,6 +31,7 @@ from benchmarks import common as C  # noqa: E402
 VARIANTS = {
     "naive": dict(anchor_coef=0.0),
     "anchor_copy": dict(anchor_coef=1.0),
+    "anchor_copy_cached": dict(anchor_coef=1.0, cache_outputs=True),
     "naive_lora": dict(anchor_coef=0.0, lora=True),
     "anchor_lora": dict(anchor_coef=1.0, lora=True),
 }
@@ -71,26 +74,28 @@ def worker(args, paths: dict) -> dict:
 
     cfg = dict(VARIANTS[args.variant])
     lora = LoraSpec() if cfg.pop("lora", False) else None
+    cached = cfg.pop("cache_outputs", False)
     dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
     torch.manual_seed(args.seed)
     model = C.reward_module(paths["tokenizer"], lr=args.lr, lora=lora, **cfg)
-    timer = C.StepTimer(warmup=args.warmup)
+    dm.prepare_data()
+    dm.setup("fit")
+    first_epoch = len(dm.train_dataloader()) if cached else 0  # untimed: it fills the reference cache
+    timer = C.StepTimer(warmup=first_epoch + args.warmup)
 
     class Timing(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             timer.mark(pairs=len(batch["labels"]))
 
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
+        accelerator="cpu", devices=1, max_steps=first_epoch + args.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=[Timing(), ReferenceModelCallback()], default_root_dir=tempfile.mkdtemp(prefix="bench_anchor_"),
+        callbacks=[Timing(), ReferenceModelCallback(cache_outputs=cached)],
+        default_root_dir=tempfile.mkdtemp(prefix="bench_anchor_"),
     )
-    dm.prepare_data()
-    dm.setup("fit")
     before = current_rss_mb()
     with RssSampler() as rss:
         trainer.fit(model, datamodule=dm)
-    ref = trainer.callbacks[-1]
     seconds, items = timer.window()
     times = timer.step_times()
     return {"variant": args.variant, "seed": args.seed, "step_s_median": round(sorted(times)[len(times) // 2], 4),
@@ -127,7 +132,7 @@ def main() -> None:
     keys = ("step_s_median", "step_s_mean", "fit_increment_mb", "fit_peak_rss_mb", "peak_rss_mb")
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     ratios = {}
-    for anchored, naive in (("anchor_copy", "naive"), ("anchor_lora", "naive_lora")):
+    for anchored, naive in (("anchor_copy", "naive"), ("anchor_copy_cached", "naive"), ("anchor_lora", "naive_lora")):
         if anchored in runs and naive in runs:
             ratios[f"{anchored}/{naive}"] = {
                 k: round(table[anchored][k]["median"] / table[naive][k]["median"], 3) for k in keys}
