@@ -122,6 +122,12 @@ class RewardModelModule(LightningModule):
             self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
         n_layers = num_layers(self.backbone)
         self.anchor_layer_ids = sorted({round(f * n_layers) for f in anchor_layers})
+        frozen = [l for l in self.anchor_layer_ids if l <= freeze_layers]
+        if anchor_coef > 0 and frozen:
+            raise ValueError(
+                f"--model.anchor_layers {anchor_layers} anchor hidden state(s) {frozen} of a {n_layers}-layer "
+                f"backbone, but --model.freeze_layers {freeze_layers} freezes layers 1..{freeze_layers}: their anchor "
+                f"is identically 0. Anchor depth fractions above {freeze_layers / n_layers:.2f}.")
         self.head = RewardHead(hidden_size(self.backbone), pooling)
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
