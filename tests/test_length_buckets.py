@@ -65,7 +65,10 @@ def test_bucketed_training_gives_the_same_gradients(word_tokenizer_dir):
         rewards, _ = model(ids, mask)
         rewards.square().sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    # fp32 sums in another order: tolerances relative to the gradient's scale (an entry near 0 moved by 1.2e-6 once)
+    scale = float(grads[0].abs().max())
+    assert scale > 1e-3, scale
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7 * scale)
 
 
 def test_length_buckets_flag_is_validated(word_tokenizer_dir):
