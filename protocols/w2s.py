@@ -7,7 +7,8 @@
 
 Every stage is an ordinary `cli.py fit` + `cli.py test` (its command lines are written to the stage folder, so any
 stage can be re-run by hand) and writes `result.json` atomically when it is complete: re-running skips finished
-stages, and a crash loses nothing already finished. Several seeds per method are reported as mean ± std.
+stages (and refuses one whose recorded arguments differ from the current ones), and a crash loses nothing already
+finished. Several seeds per method are reported as mean ± std.
 """
 from __future__ import annotations
 
@@ -107,7 +108,13 @@ def run_stage(stage_dir: str, base_args: list[str], checkpoint: str) -> dict:
     done = os.path.join(stage_dir, "result.json")
     if os.path.isfile(done):
         with open(done) as f:
-            return json.load(f)
+            finished = json.load(f)
+        if finished.get("args") != base_args:  # a stage of another configuration: never reuse it silently
+            raise ValueError(
+                f"{done} was written by a run with other arguments (or by an older version that did not record "
+                f"them): {finished.get('args')} vs now {base_args}. Use another out_dir, or delete {stage_dir} "
+                "to run the stage again.")
+        return finished
     from cli import main
 
     os.makedirs(stage_dir, exist_ok=True)
@@ -132,7 +139,8 @@ def run_stage(stage_dir: str, base_args: list[str], checkpoint: str) -> dict:
                  "--verbose=false"]
     _append_command(stage_dir, test_args)
     test = main(test_args)
-    result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1)}
+    result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
+              "args": base_args}
     if drift:
         result["drift"] = drift
     atomic_write_json(result, done)

@@ -64,6 +64,13 @@ def test_protocol_runs_skips_finished_stages_and_writes_tables(tmp_path, word_to
     assert all(os.path.getmtime(p) == t for p, t in stamp.items())
     assert again["rows"]["anchor"]["wrg"]["mean"] == pytest.approx(row["wrg"]["mean"])  # deterministic re-run
 
+    # A finished stage of another configuration is refused, not silently reused, and left as it was.
+    changed = dict(cfg, student_args=cfg["student_args"] + ["--trainer.max_epochs=2"])
+    kept = open(os.path.join(out, "seed0", "ceiling", "result.json")).read()
+    with pytest.raises(ValueError, match="written by a run with other arguments"):
+        run_protocol(["--config", _write(tmp_path, changed)])
+    assert open(os.path.join(out, "seed0", "ceiling", "result.json")).read() == kept
+
 
 def test_report_aggregates_seeds_as_mean_and_std(tmp_path):
     from protocols.w2s_report import aggregate, markdown_table, display_columns
