@@ -111,7 +111,6 @@ class ReferenceModelCallback(Callback):
             raise RuntimeError("the reference model was not set up: reference_coef is 0 or the stage is not fit")
         return self.reference(*args, **kwargs)
 
-
     @torch.no_grad()
     def selected_hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
                                layer_ids: Sequence[int], keys: Optional[Sequence[Hashable]] = None

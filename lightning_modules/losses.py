@@ -45,14 +45,13 @@ def masked_mse(hidden: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor
 
     hidden, reference: (N, T, H); mask: (N, T) with 1 on response tokens.
     """
-    mask = mask.to(hidden.dtype).unsqueeze(-1)  # (N, T, 1)
-    sq = ((hidden - reference.to(hidden.dtype)) ** 2 * mask).sum()
-    denom = mask.sum() * hidden.shape[-1]
-    return sq / denom.clamp_min(1.0)
+    select = mask.bool()
+    return selected_mse(hidden[select], reference[select])
 
 
 def selected_mse(hidden: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """`masked_mse` on pre-selected positions: hidden, reference (n, H); 0 when n = 0."""
+    """Mean over positions and hidden units of (h − h_ref)² for pre-selected positions: hidden, reference (n, H);
+    0 when n = 0. `masked_mse` and the ANCHOR term both reduce to it."""
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0  # keeps the graph (and DDP's view of used parameters)
     return ((hidden - reference.to(hidden.dtype)) ** 2).mean()

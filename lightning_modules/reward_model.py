@@ -146,10 +146,8 @@ class RewardModelModule(LightningModule):
         """Rewards (N,) and, when asked, the tuple of hidden states (embeddings, layer 1, ..., layer L)."""
         if not output_hidden_states:  # one forward when length_buckets is 1
             return bucketed_scores(self._rewards, input_ids, attention_mask, self.length_buckets), None
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            output_hidden_states=output_hidden_states)
-        rewards = self.head(out.last_hidden_state, attention_mask)  # (N,)
-        return rewards, (out.hidden_states if output_hidden_states else None)
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return self.head(out.last_hidden_state, attention_mask), out.hidden_states  # (N,), tuple
 
     def _rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.last_token_scoring and self.head.pooling == "last" and supports_last_token_scoring(self.backbone):
