@@ -107,20 +107,25 @@ def test_persona_mask_covers_identity_tokens(tmp_path, cache_dir):
     assert mask.tolist() == [[1, 1, 1, 1] + [0] * 8, [1, 1] + [0] * 10]
 
 
+def _reward_first_of_each_group(m: PolicyRLModule) -> None:
+    """An untrained model earns no reward: rig `m.score` so the first completion of each group gets 1."""
+    score = m.score
+
+    def rigged_score(completions, records):
+        out = score(completions, records)
+        out["reward"] = (torch.arange(len(records)) % m.hparams.group_size == 0).float()
+        return out
+
+    m.score = rigged_score
+
+
 @pytest.mark.parametrize("persona_only, algorithm", [(False, "reinforce"), (True, "grpo")])
 def test_rl_steps_update_policy_keep_reference_and_track(tmp_path, cache_dir, persona_only, algorithm):
     ckpt = _sft_ckpt(tmp_path, cache_dir, fidelity=0.99)
     start = {k: v.clone() for k, v in torch.load(ckpt, weights_only=False)["state_dict"].items()}
     m = PolicyRLModule(init_checkpoint=ckpt, group_size=4, lr=1e-2, reference_coef=0.1, max_new_tokens=6, algorithm=algorithm,
                        persona_tokens_only=persona_only, eval_temperature=1.0)
-    score = m.score
-
-    def rigged_score(completions, records):  # an untrained model earns no reward: give the first of each group 1
-        out = score(completions, records)
-        out["reward"] = (torch.arange(len(records)) % 4 == 0).float()
-        return out
-
-    m.score = rigged_score
+    _reward_first_of_each_group(m)
     track = PersonaTrackingCallback(output_dir=str(tmp_path / "out"), theory_overlay=persona_only)
     seen = {}
 

@@ -135,21 +135,14 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(kind):
 
 
 def _rl_steps(tmp_path, cache_dir, **kw) -> dict:
-    from tests.test_policy_modules import _rl_dm, _sft_ckpt, _trainer
+    from tests.test_policy_modules import _reward_first_of_each_group, _rl_dm, _sft_ckpt, _trainer
     from lightning_modules.policy_rl import PolicyRLModule
 
     ckpt = tmp_path / "sft.ckpt"
     if not ckpt.exists():
         _sft_ckpt(tmp_path, cache_dir, fidelity=0.99)
     m = PolicyRLModule(init_checkpoint=str(ckpt), group_size=4, lr=1e-2, reference_coef=0.1, max_new_tokens=6, **kw)
-    score = m.score
-
-    def rigged_score(completions, records):  # an untrained model earns no reward: give the first of each group 1
-        out = score(completions, records)
-        out["reward"] = (torch.arange(len(records)) % 4 == 0).float()
-        return out
-
-    m.score = rigged_score
+    _reward_first_of_each_group(m)
     torch.manual_seed(0)
     _trainer(2).fit(m, _rl_dm(cache_dir))
     return {k: v.detach().clone() for k, v in m.model.state_dict().items()}
