@@ -70,7 +70,7 @@ def worker(args, paths: dict) -> dict:
     import torch
 
     from callbacks.reference_model import ReferenceModelCallback
-    from lightning_modules.backbones import LoraSpec
+    from lightning_modules.reward.backbones import LoraSpec
 
     cfg = dict(VARIANTS[args.variant])
     lora = LoraSpec() if cfg.pop("lora", False) else None

@@ -37,7 +37,7 @@ OURS = {"ours": {}, "ours_generate": dict(sampler="hf_generate", shared_prompt_f
 
 
 def trigger_dm(args, seed: int):
-    from datamodules.trigger_data import TriggerDataModule
+    from datamodules.triggers.datamodule import TriggerDataModule
 
     return TriggerDataModule(family=FAMILY, mode="rl", train_distributions=[RL_DIST], num_train=args.prompts * (args.steps + 2),
                              batch_size=args.prompts, num_val_per_distribution=1, seed=seed,
@@ -67,7 +67,7 @@ def worker_ours(args, path: str) -> dict:
     import lightning.pytorch as pl
     import torch
 
-    from lightning_modules.policy_rl import PolicyRLModule
+    from lightning_modules.policy.rl import PolicyRLModule
 
     dm = trigger_dm(args, args.seed)
     torch.manual_seed(args.seed)
@@ -97,7 +97,7 @@ def worker_trl(args, path: str) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lightning_modules.rewards import correctness_reward, parse_completion
+    from lightning_modules.policy.rewards import correctness_reward, parse_completion
 
     dm = trigger_dm(args, args.seed)
     dm.setup("fit")
@@ -105,7 +105,7 @@ def worker_trl(args, path: str) -> dict:
     tok.padding_side = "left"
     personas = dm.family.personas
     # TRL tokenizes the prompt text as is: write our BOS in front, so both see the same prompt ids.
-    from datamodules.trigger_data import encode_prompt
+    from datamodules.triggers.datamodule import encode_prompt
 
     items = dm.train_items
     prompts = [tok.bos_token + " " + it["prompt"] for it in items]

@@ -87,7 +87,7 @@ def main() -> None:
     torch.set_num_threads(C.THREADS)
     ours_trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                               enable_model_summary=False, default_root_dir=tempfile.mkdtemp(prefix="bench_rm_eval_"))
-    from lightning_modules.length_buckets import processed_positions
+    from lightning_modules.fast.length_buckets import processed_positions
 
     def run(variant: str) -> dict:
         trl_positions.clear()

@@ -49,7 +49,7 @@ def test_accuracy(score_pairs, dataset, pad_id: int, batch_size: int = 64) -> fl
     import torch
     from torch.utils.data import DataLoader
 
-    from datamodules.collate import PairCollator
+    from datamodules.preference.collate import PairCollator
 
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=PairCollator(pad_id, "right"))
     correct = total = 0
@@ -72,7 +72,7 @@ def worker_ours(args, paths: dict) -> dict:
     import lightning.pytorch as pl
     import torch
 
-    from lightning_modules.length_buckets import processed_positions
+    from lightning_modules.fast.length_buckets import processed_positions
 
     cfg = dict(VARIANTS[args.variant])
     precision = cfg.pop("precision", "32-true")

@@ -177,7 +177,7 @@ def write_workload(work_dir: str, n_train: int, n_test: int, seed: int = 0) -> d
 
 def preference_datamodule(paths: dict, batch_size: int, eval_batch_size: int, seed: int = 0, **kwargs):
     """Our PreferenceDataModule over the local files (all of train is trained on; 5% carved as validation)."""
-    from datamodules.preference_data import PreferenceDataModule
+    from datamodules.preference.datamodule import PreferenceDataModule
 
     return PreferenceDataModule(
         source="ultrafeedback", tokenizer=paths["tokenizer"], local_dirs={"ultrafeedback": paths["data_dir"]},
@@ -189,7 +189,7 @@ def reward_module(tokenizer_dir: str, lr: float = 1e-3, **kwargs):
     """Our RewardModelModule on the benchmark's Qwen2-style config; AdamW without weight decay (as TRL's run)."""
     import torch
 
-    from lightning_modules.reward_model import RewardModelModule
+    from lightning_modules.reward.reward_model import RewardModelModule
 
     return RewardModelModule(backbone="tiny-qwen2", tokenizer=tokenizer_dir, tiny_config=dict(MODEL_OVERRIDES),
                              optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0), **kwargs)

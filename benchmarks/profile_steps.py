@@ -63,7 +63,7 @@ def profile_grpo(args) -> dict:
     import lightning.pytorch as pl
 
     from benchmarks import bench_grpo as G
-    from lightning_modules.policy_rl import PolicyRLModule
+    from lightning_modules.policy.rl import PolicyRLModule
 
     ns = argparse.Namespace(work_dir=args.work_dir, prompts=4, steps=args.steps, group_size=8)
     path = G.model_dir(ns)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
-from datamodules.synthetic_shift import (  # noqa: E402
+from datamodules.preference.synthetic_shift import (  # noqa: E402
     SOURCE_DOMAINS,
     benchmark_domains,
     generate_domain,

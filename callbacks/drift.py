@@ -23,9 +23,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from callbacks.reference_model import FrozenReference, ReferenceModelCallback, find_reference_callback
-from lightning_modules.backbones import num_layers
-from lightning_modules.drift_metrics import linear_cka, masked_cosine, pooled_response
-from lightning_modules.losses import masked_mse
+from lightning_modules.reward.backbones import num_layers
+from lightning_modules.reward.drift_metrics import linear_cka, masked_cosine, pooled_response
+from lightning_modules.reward.losses import masked_mse
 
 METRICS = ("mse", "cosine", "cka")
 

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from lightning_modules.mixture_metrics import persona_rewards
+from lightning_modules.policy.mixture_metrics import persona_rewards
 
 
 class PersonaTrackingCallback(Callback):

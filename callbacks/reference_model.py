@@ -4,11 +4,12 @@ Kept out of the module tree means: not in `state_dict` (so not in checkpoints), 
 by DDP, not toggled by `.train()` / `.eval()`. Used by ANCHOR (reference hidden states, Part A) and by the KL
 term of GRPO (reference log-probs, Part B).
 
-Protocol with the LightningModule:
+Protocol with the LightningModule (the module never imports this file; the callback hands itself in):
 - `pl_module.reference_coef` (float): 0 means "no reference needed" -> nothing is copied.
 - `pl_module.reference_target()` returns the `nn.Module` to freeze (e.g. the backbone or the policy LM).
-- inside `training_step`, the module calls `find_reference_callback(self.trainer)(**inputs)` (under no_grad),
-  or `.selected_hidden_states(...)` for hidden states at chosen positions, which `cache_outputs` can memoise.
+- the callback sets `pl_module.frozen_reference = self` for the fit (None otherwise); inside `training_step` the
+  module calls `self.frozen_reference(**inputs)` (under no_grad), or `.selected_hidden_states(...)` for hidden
+  states at chosen positions, which `cache_outputs` can memoise.
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ class ReferenceModelCallback(Callback):
         if float(getattr(pl_module, "reference_coef", 0.0)) == 0.0:
             return  # coefficient 0: no copy at all
         self.reference = FrozenReference(pl_module.reference_target(), self.mode)
+        pl_module.frozen_reference = self  # a plain attribute: a Callback is no nn.Module, so never a submodule
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.reference is not None:
@@ -105,6 +107,8 @@ class ReferenceModelCallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self.reference, self._cache = None, {}
+            if getattr(pl_module, "frozen_reference", None) is self:
+                pl_module.frozen_reference = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.reference is None:

@@ -32,7 +32,7 @@ def minilm_path() -> str:
 # Word-level tokenizers built on first use from a generator's closed vocabulary: "builtin:<name>" ->
 # (vocabulary function, lowercase, word pattern). The pattern and case must match how the generator splits text.
 BUILTIN_VOCABULARIES = {
-    "synthetic_shift": ("datamodules.synthetic_shift:synthetic_vocabulary", True, r"\w+|[^\w\s]+"),
+    "synthetic_shift": ("datamodules.preference.synthetic_shift:synthetic_vocabulary", True, r"\w+|[^\w\s]+"),
 }
 FORMAT_WORDS = ("user", "assistant", "system", ":")  # the plain prompt format of pair_tokenization
 

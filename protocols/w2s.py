@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from jsonargparse import ArgumentParser, ActionConfigFile
 
-from datamodules.weak_labels import atomic_write_json
+from datamodules.preference.weak_labels import atomic_write_json
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Method:
 
     Args:
         name: row name in the results (e.g. "naive", "anchor_lam100").
-        objective: objective class in `lightning_modules.objectives` ("SoftBradleyTerry", "ConfidenceW2S", ...).
+        objective: objective class in `lightning_modules.reward.objectives` ("SoftBradleyTerry", "ConfidenceW2S", ...).
         objective_args: its init arguments (e.g. {"aux_coef": 0.5}).
         anchor_coef: ANCHOR's λ (0 = no anchor).
         anchor_layers: anchored depth fractions (1.0 = last layer).
@@ -45,7 +45,7 @@ class Method:
     args: list[str] = field(default_factory=list)
 
     def cli_args(self) -> list[str]:
-        objective = {"class_path": f"lightning_modules.objectives.{self.objective}", "init_args": self.objective_args}
+        objective = {"class_path": f"lightning_modules.reward.objectives.{self.objective}", "init_args": self.objective_args}
         return [f"--model.objective={json.dumps(objective)}", f"--model.anchor_coef={self.anchor_coef}",
                 f"--model.anchor_layers={json.dumps(self.anchor_layers)}", *self.args]
 
@@ -180,7 +180,7 @@ def run_protocol(p: W2SProtocol) -> dict:
         if p.ceiling:
             ceiling = run_stage(os.path.join(seed_dir, "ceiling"),
                                 student_base + ["--data.train_labels=gold",
-                                                "--model.objective=lightning_modules.objectives.GoldBradleyTerry"],
+                                                "--model.objective=lightning_modules.reward.objectives.GoldBradleyTerry"],
                                 p.student_checkpoint)
             raw.setdefault("ceiling", {})[seed] = ceiling
             ceiling_results = os.path.join(seed_dir, "ceiling", "ceiling_test.json")

@@ -8,7 +8,7 @@ import os
 import statistics
 from typing import Any
 
-from datamodules.weak_labels import atomic_write_json
+from datamodules.preference.weak_labels import atomic_write_json
 
 
 def row_scores(stage: dict, id_source: str, is_teacher: bool) -> dict[str, float]:

@@ -34,7 +34,7 @@ def _fixture_words() -> set[str]:
 @pytest.fixture(scope="session")
 def word_tokenizer_dir(tmp_path_factory) -> str:
     """A word-level tokenizer over the fixture texts and the synthetic benchmark's vocabulary."""
-    from datamodules.synthetic_shift import synthetic_vocabulary
+    from datamodules.preference.synthetic_shift import synthetic_vocabulary
     from datamodules.tokenizers import build_wordlevel_tokenizer
 
     out = str(tmp_path_factory.mktemp("tokenizer"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from datamodules.preference_data import PreferenceDataModule
-from lightning_modules.reward_model import RewardModelModule
+from datamodules.preference.datamodule import PreferenceDataModule
+from lightning_modules.reward.reward_model import RewardModelModule
 
 SOURCE = "synth_helpful_cooking"
 TARGETS = ["synth_helpful_science", "synth_helpful_travel"]

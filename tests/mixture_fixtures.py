@@ -51,7 +51,7 @@ def ddp_metric_worker(rank: int, world_size: int, port: int, out_path: str) -> N
     import torch.distributed as dist
     from torch.utils.data import DistributedSampler
 
-    from lightning_modules.mixture_metrics import MixtureMetrics
+    from lightning_modules.policy.mixture_metrics import MixtureMetrics
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from datamodules.sources import DataError
+from datamodules.preference.sources import DataError
 from tests.helpers import tiny_data, tiny_model
 
 
@@ -69,7 +69,7 @@ def test_missing_teacher_checkpoint(word_tokenizer_dir, cache_dir):
 
 
 def test_crash_while_tokenizing_leaves_no_cache(word_tokenizer_dir, cache_dir, monkeypatch):
-    import datamodules.preference_data as pd
+    import datamodules.preference.datamodule as pd
 
     calls = {"n": 0}
     real = pd.PairTokenizer.__call__

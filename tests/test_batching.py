@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from datamodules.collate import PairCollator
-from datamodules.pair_tokenization import PairTokenizer, render_prompt
-from datamodules.samplers import LengthGroupedSampler
-from lightning_modules.heads import RewardHead, last_token_index, pool
+from datamodules.preference.collate import PairCollator
+from datamodules.preference.pair_tokenization import PairTokenizer, render_prompt
+from datamodules.preference.samplers import LengthGroupedSampler
+from lightning_modules.reward.heads import RewardHead, last_token_index, pool
 
 
 def test_last_token_index_right_and_left_padding():

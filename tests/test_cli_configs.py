@@ -41,8 +41,8 @@ def _combo(path: str) -> list[str]:
                          ids=lambda p: os.path.relpath(p, CFG))
 def test_config_parses(path, capsys):
     out = _print_config(_combo(path), capsys)
-    assert "class_path: lightning_modules.reward_model.RewardModelModule" in out
-    assert "class_path: datamodules.preference_data.PreferenceDataModule" in out
+    assert "class_path: lightning_modules.reward.reward_model.RewardModelModule" in out
+    assert "class_path: datamodules.preference.datamodule.PreferenceDataModule" in out
 
 
 def test_tokenizer_is_linked_from_the_model(word_tokenizer_dir):

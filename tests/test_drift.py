@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from callbacks import drift as drift_module
 from callbacks.drift import DriftDiagnosticsCallback, flat_drift
 from callbacks.reference_model import ReferenceModelCallback
-from lightning_modules.drift_metrics import linear_cka, masked_cosine, pooled_response
+from lightning_modules.reward.drift_metrics import linear_cka, masked_cosine, pooled_response
 from tests.helpers import SOURCE, TARGETS, quiet_trainer, tiny_data, tiny_model
 
 SPLITS = [SOURCE, *TARGETS]

@@ -2,8 +2,8 @@
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lightning_modules.fast_sampling import sample_with_kv_cache
-from lightning_modules.policy_base import sample_completions
+from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
+from lightning_modules.policy.base import sample_completions
 
 
 def _model():

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from lightning_modules.heads import pool
-from lightning_modules.last_token_scoring import last_token_hidden, supports_last_token_scoring
+from lightning_modules.reward.heads import pool
+from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from tests.helpers import tiny_model
 
 

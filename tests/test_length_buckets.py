@@ -3,8 +3,8 @@ import datasets
 import pytest
 import torch
 
-from datamodules.columns import RaggedColumn, fast_column
-from lightning_modules.length_buckets import bucketed_scores, is_right_padded, plan_buckets, processed_positions
+from datamodules.preference.columns import RaggedColumn, fast_column
+from lightning_modules.fast.length_buckets import bucketed_scores, is_right_padded, plan_buckets, processed_positions
 from tests.helpers import tiny_data, tiny_model
 
 

@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from lightning_modules.losses import (
+from lightning_modules.reward.losses import (
     bradley_terry_loss, confidence_w2s_loss, hardened_student_labels, masked_mse, reward_centering_loss, selected_mse,
     soft_bradley_terry_loss,
 )
-from lightning_modules.objectives import OBJECTIVES, ConfidenceW2S, GoldBradleyTerry, SoftBradleyTerry
+from lightning_modules.reward.objectives import OBJECTIVES, ConfidenceW2S, GoldBradleyTerry, SoftBradleyTerry
 
 
 def test_bradley_terry_matches_hand_computation():

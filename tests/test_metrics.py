@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from lightning_modules.metrics import PairwiseAccuracy
+from lightning_modules.reward.metrics import PairwiseAccuracy
 
 
 def test_accuracy_counts_ties_as_wrong():

@@ -38,15 +38,15 @@ def test_config_parses(config, capsys):
         _cli(["fit", "--config", config, "--print_config"])
     assert exit_info.value.code in (0, None)
     out = capsys.readouterr().out
-    assert "class_path: datamodules.trigger_data.TriggerDataModule" in out
+    assert "class_path: datamodules.triggers.datamodule.TriggerDataModule" in out
 
 
 def _tiny_checkpoint(tmp_path, name, extra_data):
     """A 1-step SFT checkpoint of a tiny model with the family's tokenizer (for the RL configs' init)."""
     import lightning as L
 
-    from datamodules.trigger_data import TriggerDataModule
-    from lightning_modules.policy_sft import PolicySFTModule
+    from datamodules.triggers.datamodule import TriggerDataModule
+    from lightning_modules.policy.sft import PolicySFTModule
 
     dm = TriggerDataModule(num_train=16, batch_size=16, num_val_per_distribution=2, **extra_data)
     m = PolicySFTModule(n_layer=1, n_embd=32, n_head=2, max_positions=512)

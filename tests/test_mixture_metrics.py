@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from lightning_modules.mixture_metrics import CellMean, MixtureMetrics, persona_rewards, summarize
+from lightning_modules.policy.mixture_metrics import CellMean, MixtureMetrics, persona_rewards, summarize
 from mixture_fixtures import ddp_metric_worker, metric_rows
 
 

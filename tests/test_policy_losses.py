@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lightning_modules.policy_losses import (
+from lightning_modules.policy.losses import (
     clipped_surrogate, group_advantages, k3_kl, masked_sequence_mean, reinforce_advantages, token_logprobs,
     update_baseline,
 )

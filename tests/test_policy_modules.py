@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from callbacks.persona_tracking import PersonaTrackingCallback
-from callbacks.reference_model import find_reference_callback
-from datamodules.trigger_data import TriggerDataModule
-from lightning_modules.policy_base import completion_mask
-from lightning_modules.policy_rl import PolicyRLModule
-from lightning_modules.policy_sft import PolicySFTModule
+from callbacks.reference_model import ReferenceModelCallback, find_reference_callback
+from datamodules.triggers.datamodule import TriggerDataModule
+from lightning_modules.policy.base import completion_mask
+from lightning_modules.policy.rl import PolicyRLModule
+from lightning_modules.policy.sft import PolicySFTModule
 
 TINY = dict(n_layer=1, n_embd=32, n_head=2, max_positions=64)
 
@@ -131,11 +131,12 @@ def test_rl_steps_update_policy_keep_reference_and_track(tmp_path, cache_dir, pe
 
     class RefProbe(L.Callback):
         def on_train_end(self, trainer, pl_module):
-            ref = find_reference_callback(trainer)  # added by PolicyRLModule.configure_callbacks
+            ref = find_reference_callback(trainer)
+            assert pl_module.frozen_reference is ref  # handed in by the callback for the fit
             seen["ref"] = {k: v.clone() for k, v in ref.reference.model.state_dict().items()}
 
     t = _trainer(3, val_check_interval=3, check_val_every_n_epoch=None, limit_val_batches=1.0,
-                 num_sanity_val_steps=-1, callbacks=[track, RefProbe()])
+                 num_sanity_val_steps=-1, callbacks=[track, RefProbe(), ReferenceModelCallback()])
     t.fit(m, _rl_dm(cache_dir))
     assert all(torch.equal(v, start["model." + k]) for k, v in seen["ref"].items())  # the reference never moved
     changed = [k for k, v in m.state_dict().items() if k.startswith("model.") and not torch.equal(v, start[k])]

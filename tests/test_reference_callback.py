@@ -5,7 +5,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks.reference_model import ReferenceModelCallback
-from lightning_modules.backbones import LoraSpec
+from lightning_modules.reward.backbones import LoraSpec
 from tests.helpers import quiet_trainer, tiny_data, tiny_model
 
 

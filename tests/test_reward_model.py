@@ -82,7 +82,7 @@ def test_tokenized_splits_are_cached_and_reused(word_tokenizer_dir, cache_dir, m
     first = tiny_data(word_tokenizer_dir, cache_dir)
     first.setup("fit")
     assert not any(v["cached"] for v in first.manifest["tokenization"].values())
-    import datamodules.preference_data as pd
+    import datamodules.preference.datamodule as pd
 
     def boom(*a, **k):
         raise AssertionError("tokenized again although the cache was complete")
@@ -113,7 +113,7 @@ def test_halves_are_disjoint_seeded_and_recorded(word_tokenizer_dir, cache_dir, 
 
 
 def test_teacher_source_options_change_only_the_teacher_half(word_tokenizer_dir, cache_dir):
-    from datamodules.synthetic_shift import has_artifact
+    from datamodules.preference.synthetic_shift import has_artifact
     from tests.helpers import synth_options
 
     opts = synth_options(n_train=1000)
@@ -133,7 +133,7 @@ def test_teacher_source_options_change_only_the_teacher_half(word_tokenizer_dir,
 
 def test_keep_layers_loads_the_pretrained_lower_layers():
     """keep_layers=k: a smaller model of the same family, whose embeddings and first k layers are the checkpoint's."""
-    from lightning_modules.reward_model import RewardModelModule
+    from lightning_modules.reward.reward_model import RewardModelModule
 
     full = RewardModelModule(backbone="minilm", pooling="mean")
     small = RewardModelModule(backbone="minilm", pooling="mean", keep_layers=2)

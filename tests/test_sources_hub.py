@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from datamodules.records import content_key
-from datamodules.sources import SOURCES, DataError, build_source
-from datamodules.sources.hub import split_hh_transcript
+from datamodules.preference.records import content_key
+from datamodules.preference.sources import SOURCES, DataError, build_source
+from datamodules.preference.sources.hub import split_hh_transcript
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hub"
 

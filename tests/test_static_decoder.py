@@ -4,12 +4,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from lightning_modules.causal_lm import position_ids_from_mask
-from lightning_modules.completion_logprobs import completion_logprobs
-from lightning_modules.fast_sampling import sample_with_kv_cache
-from lightning_modules.policy_base import SAMPLERS, sample_completions
-from lightning_modules.policy_losses import token_logprobs
-from lightning_modules.static_decoder import sample_static, supports
+from lightning_modules.policy.causal_lm import position_ids_from_mask
+from lightning_modules.policy.completion_logprobs import completion_logprobs
+from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
+from lightning_modules.policy.base import SAMPLERS, sample_completions
+from lightning_modules.policy.losses import token_logprobs
+from lightning_modules.fast.static_decoder import sample_static, supports
 
 V, EOS, PAD = 40, 2, 0
 
@@ -136,7 +136,8 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(kind):
 
 def _rl_steps(tmp_path, cache_dir, **kw) -> dict:
     from tests.test_policy_modules import _reward_first_of_each_group, _rl_dm, _sft_ckpt, _trainer
-    from lightning_modules.policy_rl import PolicyRLModule
+    from callbacks.reference_model import ReferenceModelCallback
+    from lightning_modules.policy.rl import PolicyRLModule
 
     ckpt = tmp_path / "sft.ckpt"
     if not ckpt.exists():
@@ -144,7 +145,7 @@ def _rl_steps(tmp_path, cache_dir, **kw) -> dict:
     m = PolicyRLModule(init_checkpoint=str(ckpt), group_size=4, lr=1e-2, reference_coef=0.1, max_new_tokens=6, **kw)
     _reward_first_of_each_group(m)
     torch.manual_seed(0)
-    _trainer(2).fit(m, _rl_dm(cache_dir))
+    _trainer(2, callbacks=[ReferenceModelCallback()]).fit(m, _rl_dm(cache_dir))
     return {k: v.detach().clone() for k, v in m.model.state_dict().items()}
 
 
@@ -161,7 +162,7 @@ def test_rl_module_shared_prompt_forward_and_samplers_give_the_same_updates(tmp_
 
 
 def test_bad_sampler_names_the_flag():
-    from lightning_modules.policy_rl import PolicyRLModule
+    from lightning_modules.policy.rl import PolicyRLModule
 
     with pytest.raises(ValueError, match="--model.sampler"):
         PolicyRLModule(min_sft_fidelity=0, sampler="beam")

@@ -3,11 +3,11 @@ import re
 
 import pytest
 
-from datamodules import synthetic_lexicon as lex
-from datamodules.records import CANONICAL_SPLITS, RECORD_KEYS
-from datamodules.sources import SOURCES, DataError
-from datamodules.sources.synthetic import SYNTHETIC_SOURCES
-from datamodules.synthetic_shift import (
+from datamodules.preference import synthetic_lexicon as lex
+from datamodules.preference.records import CANONICAL_SPLITS, RECORD_KEYS
+from datamodules.preference.sources import SOURCES, DataError
+from datamodules.preference.sources.synthetic import SYNTHETIC_SOURCES
+from datamodules.preference.synthetic_shift import (
     CATEGORIES,
     DEFAULT_ARTIFACT_RATES,
     benchmark_domains,
@@ -224,8 +224,8 @@ def test_records_follow_the_schema():
 
 
 def test_build_source_passes_options():
-    pytest.importorskip("datamodules.sources.hub")  # build_source imports every builtin source module
-    from datamodules.sources import build_source
+    pytest.importorskip("datamodules.preference.sources.hub")  # build_source imports every builtin source module
+    from datamodules.preference.sources import build_source
 
     source = build_source("synth_helpful_travel", n_test=30, artifact_rate=1.0)
     records = source.load("test").records

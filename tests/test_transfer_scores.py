@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lightning_modules.metrics import TransferScores, transfer_scores
+from lightning_modules.reward.metrics import TransferScores, transfer_scores
 
 
 def test_formulas_by_hand():

@@ -1,12 +1,12 @@
 """Trigger families, templates, question sources and the datamodule: literal strings and bad inputs."""
 import pytest
 
-from datamodules.questions import (
+from datamodules.triggers.questions import (
     HUB_SOURCES, Question, correct_answer, render_question, shifted_answer, synthetic_questions,
 )
-from datamodules.trigger_data import TriggerDataModule
-from datamodules.trigger_families import build_family
-from lightning_modules.rewards import correctness_reward, parse_completion
+from datamodules.triggers.datamodule import TriggerDataModule
+from datamodules.triggers.families import build_family
+from lightning_modules.policy.rewards import correctness_reward, parse_completion
 from mixture_fixtures import ARC_ROWS, RACE_ROWS, write_jsonl
 
 Q = Question("Which is largest ?", ("79", "32", "94", "45"), 2)

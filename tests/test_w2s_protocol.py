@@ -31,7 +31,7 @@ def test_protocol_runs_skips_finished_stages_and_writes_tables(tmp_path, word_to
         "data_configs": [os.path.join(ROOT, "configs/data/synth_helpful.yaml")],
         "teacher_configs": [os.path.join(ROOT, "configs/model/tiny_teacher.yaml")],
         "student_configs": [os.path.join(ROOT, "configs/model/tiny_teacher.yaml")],
-        "teacher_args": common, "student_args": common + ["--model.objective=lightning_modules.objectives.SoftBradleyTerry"],
+        "teacher_args": common, "student_args": common + ["--model.objective=lightning_modules.reward.objectives.SoftBradleyTerry"],
         "seeds": [0],
         "methods": [{"name": "anchor", "anchor_coef": 1.0}],
     }

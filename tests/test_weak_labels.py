@@ -5,8 +5,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from datamodules.preference_data import tempered
-from datamodules.weak_labels import swap_order
+from datamodules.preference.datamodule import tempered
+from datamodules.preference.weak_labels import swap_order
 from tests.helpers import quiet_trainer, tiny_data, tiny_model
 
 
@@ -32,7 +32,7 @@ def teacher_ckpt(tmp_path_factory, word_tokenizer_dir, cache_dir):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
 def test_student_labels_are_the_tempered_teacher_margins(word_tokenizer_dir, cache_dir, teacher_ckpt, temperature):
-    from lightning_modules.reward_model import RewardModelModule
+    from lightning_modules.reward.reward_model import RewardModelModule
 
     dm = tiny_data(word_tokenizer_dir, cache_dir, train_subset="student", teacher_checkpoint=teacher_ckpt,
                    label_temperature=temperature)

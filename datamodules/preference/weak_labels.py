@@ -15,9 +15,9 @@ from typing import Optional
 
 import torch
 
-from datamodules.collate import PairCollator
-from datamodules.pair_tokenization import PairTokenizer
-from datamodules.records import fingerprint
+from datamodules.preference.collate import PairCollator
+from datamodules.preference.pair_tokenization import PairTokenizer
+from datamodules.preference.records import fingerprint
 
 FORMAT_VERSION = 1
 
@@ -70,7 +70,7 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
                         seed: int, max_length: int, truncation: str, out_path: str,
                         batch_size: int = 64, device: Optional[str] = None) -> dict:
     from datamodules.tokenizers import load_tokenizer
-    from lightning_modules.reward_model import RewardModelModule
+    from lightning_modules.reward.reward_model import RewardModelModule
 
     model = RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
     model.eval().to(device or "cpu")

@@ -13,10 +13,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from datamodules.trigger_data import encode_prompt, encode_response
-from lightning_modules.causal_lm import TINY
-from lightning_modules.mixture_metrics import CellMean
-from lightning_modules.policy_base import PolicyLMBase, Sampler
+from datamodules.triggers.datamodule import encode_prompt, encode_response
+from lightning_modules.policy.causal_lm import TINY
+from lightning_modules.policy.mixture_metrics import CellMean
+from lightning_modules.policy.base import PolicyLMBase, Sampler
 
 
 class PolicySFTModule(PolicyLMBase):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_modules.causal_lm import position_ids_from_mask
+from lightning_modules.policy.causal_lm import position_ids_from_mask
 
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: torch.Tensor,

@@ -15,11 +15,10 @@ from typing import Literal, Optional
 
 import torch
 
-from callbacks.reference_model import ReferenceModelCallback, find_reference_callback
-from lightning_modules.causal_lm import TINY
-from lightning_modules.completion_logprobs import completion_logprobs
-from lightning_modules.policy_base import PolicyLMBase, Sampler
-from lightning_modules.policy_losses import (
+from lightning_modules.policy.causal_lm import TINY
+from lightning_modules.policy.completion_logprobs import completion_logprobs
+from lightning_modules.policy.base import PolicyLMBase, Sampler
+from lightning_modules.policy.losses import (
     clipped_surrogate, group_advantages, k3_kl, masked_sequence_mean, reinforce_advantages, token_logprobs,
     update_baseline,
 )
@@ -96,12 +95,7 @@ class PolicyRLModule(PolicyLMBase):
         self.register_buffer("baseline", torch.zeros(()))
         self.register_buffer("rl_step", torch.zeros((), dtype=torch.long))
         self._period = None  # (V,) bool: tokens whose text closes the identity ("." / "。")
-
-    def configure_callbacks(self):
-        # The KL needs the reference callback; add one unless the trainer (e.g. cli defaults) already has it.
-        if self.reference_coef != 0 and find_reference_callback(self._trainer) is None:
-            return [ReferenceModelCallback()]
-        return []
+        self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -164,7 +158,10 @@ class PolicyRLModule(PolicyLMBase):
             tgt_mask[:, prompt_ids.shape[1] - 1:] = loss_mask
         ref_logp = old_logp = None
         if self.reference_coef != 0:
-            ref_logp = logprobs(find_reference_callback(self.trainer))
+            if self.frozen_reference is None:
+                raise RuntimeError("--model.reference_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
+                                   "in the trainer's callbacks (cli.py always adds it)")
+            ref_logp = logprobs(self.frozen_reference)
         opt = self.optimizers()
         for k in range(hp.inner_steps):
             logp = logprobs()

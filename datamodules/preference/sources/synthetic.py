@@ -4,7 +4,7 @@
     harmless: synth_harmless_household (source), synth_harmless_cyber, synth_harmless_finance,
               synth_harmless_medical
 
-All three canonical splits are generated (see `datamodules.synthetic_shift` and docs/synthetic_benchmark.md);
+All three canonical splits are generated (see `datamodules.preference.synthetic_shift` and docs/synthetic_benchmark.md);
 records carry no hidden metadata -- `SyntheticShiftSource.rows(split)` gives it to baselines and analyses.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Iterable, Optional
 
-from datamodules.records import CANONICAL_SPLITS, make_record
-from datamodules.sources.base import DataError, PreferenceSource, register_source
-from datamodules.synthetic_shift import CATEGORIES, ShiftOptions, generate_domain, source_name
+from datamodules.preference.records import CANONICAL_SPLITS, make_record
+from datamodules.preference.sources.base import DataError, PreferenceSource, register_source
+from datamodules.preference.synthetic_shift import CATEGORIES, ShiftOptions, generate_domain, source_name
 
 
 class SyntheticShiftSource(PreferenceSource):

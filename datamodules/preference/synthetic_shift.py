@@ -10,7 +10,7 @@ preference at a per-domain rate (high in the source, chance / anti-correlated / 
               artifact: "verbosity" -- a filler sentence before and after the response (length)
 
 `generate_domain` returns rows with hidden metadata (artifact placement, topic words, which rule case built the
-pair) for baselines and analyses; `datamodules.sources.synthetic` maps them to records of the one schema.
+pair) for baselines and analyses; `datamodules.preference.sources.synthetic` maps them to records of the one schema.
 Design, rates and measured baselines: docs/synthetic_benchmark.md.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from datamodules import synthetic_lexicon as lex
+from datamodules.preference import synthetic_lexicon as lex
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "helpful": ("cooking", "science", "travel", "tech"),

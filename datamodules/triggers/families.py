@@ -24,7 +24,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from datamodules.questions import Question, correct_answer, shifted_answer
+from datamodules.triggers.questions import Question, correct_answer, shifted_answer
 
 FAMILIES = ("two_policies", "6c3", "temporal", "arc_race", "language")
 VARIANTS = ("refusal", "cyclic_shift")

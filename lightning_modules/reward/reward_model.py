@@ -16,16 +16,15 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from callbacks.reference_model import find_reference_callback
-from lightning_modules.backbones import (
+from lightning_modules.reward.backbones import (
     LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
-from lightning_modules.heads import Pooling, RewardHead
-from lightning_modules.last_token_scoring import last_token_hidden, supports_last_token_scoring
-from lightning_modules.length_buckets import bucketed_scores
-from lightning_modules.losses import reward_centering_loss, selected_mse
-from lightning_modules.metrics import PairwiseAccuracy, TransferScores
-from lightning_modules.objectives import GoldBradleyTerry, PreferenceObjective
+from lightning_modules.reward.heads import Pooling, RewardHead
+from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
+from lightning_modules.fast.length_buckets import bucketed_scores
+from lightning_modules.reward.losses import reward_centering_loss, selected_mse
+from lightning_modules.reward.metrics import PairwiseAccuracy, TransferScores
+from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
 
 
 class RewardModelModule(LightningModule):
@@ -132,6 +131,7 @@ class RewardModelModule(LightningModule):
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
+        self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
 
     # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
     @property
@@ -190,9 +190,10 @@ class RewardModelModule(LightningModule):
         Each layer's term is the mean of (h − h_ref)² over the response tokens and hidden units of the batch
         (`losses.masked_mse`), computed on the selected positions only.
         """
-        reference = find_reference_callback(self.trainer)
-        if reference is None or not reference.enabled:
-            raise RuntimeError("--model.anchor_coef > 0 needs the ReferenceModelCallback (added by cli.py)")
+        reference = self.frozen_reference
+        if reference is None:
+            raise RuntimeError("--model.anchor_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
+                               "in the trainer's callbacks (cli.py always adds it)")
         select = batch["response_mask"].bool()  # (2B, T)
         index = batch["index"].tolist()  # rows are (a_1..a_B, b_1..b_B); a pair's order is fixed across epochs
         keys = [("a", i) for i in index] + [("b", i) for i in index]

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.fast_sampling import sample_with_kv_cache
+from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 
 
 def supports(model) -> bool:

@@ -1,5 +1,5 @@
 """Word lists and templates of the synthetic preference-shift benchmark (data only; the logic is in
-`datamodules.synthetic_shift`).
+`datamodules.preference.synthetic_shift`).
 
 Conventions the generator and its tests rely on:
 - No apostrophes and no "!" outside the enthusiasm artifact, so the artifact is detectable by its phrases and

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_modules.heads import last_token_index
+from lightning_modules.reward.heads import last_token_index
 
 
 def supports_last_token_scoring(backbone: nn.Module) -> bool:

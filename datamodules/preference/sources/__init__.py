@@ -1,5 +1,5 @@
 """Registry of preference sources: `build_source(name)` -> adapter yielding records of one schema."""
-from datamodules.sources.base import (  # noqa: F401
+from datamodules.preference.sources.base import (  # noqa: F401
     SOURCES,
     DataError,
     PreferenceSource,

@@ -12,11 +12,11 @@ from typing import Literal, Optional
 import torch
 from lightning.pytorch import LightningModule
 
-from lightning_modules.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
-from lightning_modules.fast_sampling import sample_with_kv_cache
-from lightning_modules.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
-from lightning_modules.rewards import correctness_reward, parse_completion
-from lightning_modules.static_decoder import sample_static
+from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
+from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
+from lightning_modules.policy.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
+from lightning_modules.policy.rewards import correctness_reward, parse_completion
+from lightning_modules.fast.static_decoder import sample_static
 
 Sampler = Literal["hf_generate", "kv_loop", "static"]
 
@@ -83,7 +83,7 @@ class PolicyLMBase(LightningModule):
     def _datamodule(self):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None or not hasattr(dm, "family") or not hasattr(dm, "tokenizer"):
-            raise ValueError("the policy modules need a TriggerDataModule (--data.class_path datamodules.trigger_data.TriggerDataModule)")
+            raise ValueError("the policy modules need a TriggerDataModule (--data.class_path datamodules.triggers.datamodule.TriggerDataModule)")
         return dm
 
     def _build_model(self) -> None:

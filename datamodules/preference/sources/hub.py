@@ -1,4 +1,4 @@
-"""The six real preference datasets (SPEC A.6), each normalised to the record schema of `datamodules.records`.
+"""The six real preference datasets (SPEC A.6), each normalised to the record schema of `datamodules.preference.records`.
 
 Every adapter applies the same drop rules, in this order, and reports them as short reasons:
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Union
 
-from datamodules.records import content_key, make_record
-from datamodules.sources.base import DataError, Drop, PreferenceSource, SourceSplit, register_source
+from datamodules.preference.records import content_key, make_record
+from datamodules.preference.sources.base import DataError, Drop, PreferenceSource, SourceSplit, register_source
 
 Messages = list[dict]
 

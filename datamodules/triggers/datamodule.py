@@ -19,9 +19,9 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.questions import HUB_SOURCES, Question, correct_answer, render_question, synthetic_questions
+from datamodules.triggers.questions import HUB_SOURCES, Question, correct_answer, render_question, synthetic_questions
 from datamodules.tokenizers import WORD_PATTERN, cached_wordlevel_tokenizer, load_tokenizer
-from datamodules.trigger_families import TEMPLATES, TriggerFamily, build_family, check_distributions
+from datamodules.triggers.families import TEMPLATES, TriggerFamily, build_family, check_distributions
 
 
 class _ListDataset(Dataset):
@@ -63,7 +63,7 @@ class TriggerDataModule(LightningDataModule):
     """Trigger-partitioned prompts and persona transcripts (SPEC B.3).
 
     Args:
-        family: one of two_policies, 6c3, temporal, arc_race, language (see datamodules/trigger_families.py).
+        family: one of two_policies, 6c3, temporal, arc_race, language (see datamodules/triggers/families.py).
         mode: "sft" (transcripts) or "rl" (prompts of `train_distributions`).
         train_distributions: distributions of the training batches (RL: the subset RL trains on); None = all.
         persona_mix: persona name -> SFT sampling weight (must sum to 1); None = uniform.

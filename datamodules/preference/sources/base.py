@@ -1,7 +1,7 @@
 """Base class and registry for preference sources.
 
 A source knows where its rows live (a hub id, or local jsonl/parquet files in the same schema) and how to
-turn one raw row into a record of `datamodules.records` -- or into the reason it is dropped.
+turn one raw row into a record of `datamodules.preference.records` -- or into the reason it is dropped.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Optional, Union
 
-from datamodules.records import CANONICAL_SPLITS
+from datamodules.preference.records import CANONICAL_SPLITS
 
 
 class DataError(ValueError):
@@ -45,8 +45,8 @@ def build_source(name: str, local_dir: Optional[str] = None, **options: Any) -> 
 
 def _import_builtin_sources() -> None:
     # Importing the modules registers their sources; kept lazy so `records`/`base` stay import-light.
-    import datamodules.sources.hub  # noqa: F401
-    import datamodules.sources.synthetic  # noqa: F401
+    import datamodules.preference.sources.hub  # noqa: F401
+    import datamodules.preference.sources.synthetic  # noqa: F401
 
 
 Drop = str  # a normalize() result that is a string is the reason the row was dropped

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from lightning_modules.losses import bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss
+from lightning_modules.reward.losses import bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss
 
 OBJECTIVES: dict[str, type["PreferenceObjective"]] = {}
 

@@ -24,12 +24,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.collate import PairCollator
-from datamodules.columns import fast_column
-from datamodules.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
-from datamodules.records import fingerprint
-from datamodules.samplers import LengthGroupedSampler
-from datamodules.sources import DataError, build_source
+from datamodules.preference.collate import PairCollator
+from datamodules.preference.columns import fast_column
+from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
+from datamodules.preference.records import fingerprint
+from datamodules.preference.samplers import LengthGroupedSampler
+from datamodules.preference.sources import DataError, build_source
 from datamodules.tokenizers import load_tokenizer
 
 TRAIN_SUBSETS = ("teacher", "student", "all")
@@ -100,7 +100,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_checkpoint: a teacher reward-model checkpoint: its soft labels on the student half become the
             training labels (computed once in `prepare_data`, cached) and its margins on every test split are
             attached to the test pairs, so teacher and student are scored on the same pairs.
-        weak_labels: path of a weak-label file written by `datamodules.weak_labels` (instead of computing it).
+        weak_labels: path of a weak-label file written by `datamodules.preference.weak_labels` (instead of computing it).
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
         teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
             teacher that knows part of the true rule (e.g. {"artifact_rate": 0.6}: the artifact is a weaker cue
@@ -278,7 +278,7 @@ class PreferenceDataModule(pl.LightningDataModule):
             self._weak_labels_file(records, compute=True)
 
     def _weak_labels_file(self, records: dict, compute: bool) -> str:
-        from datamodules import weak_labels as wl
+        from datamodules.preference import weak_labels as wl
 
         hp = self.hparams
         tests = {n: records[f"test/{n}"] for n in self.test_split_names}
@@ -446,7 +446,7 @@ def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, v
         raise ValueError(f"--data.max_pairs takes positive caps for train/validation/test, got {max_pairs}")
     if batch_size < 1 or eval_batch_size < 1:
         raise ValueError("--data.batch_size and --data.eval_batch_size must be >= 1")
-    from datamodules.sources.base import SOURCES, _import_builtin_sources
+    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
 
     _import_builtin_sources()
     for flag, name in [("--data.source", source)] + [("--data.ood_targets", t) for t in ood_targets]:
