@@ -28,6 +28,32 @@ def register_objective(name: str):
     return wrap
 
 
+def resolve_objective_class(name: str) -> type["PreferenceObjective"]:
+    """An objective class from its registry name ("naive"), class name ("SoftBradleyTerry") or dotted path.
+
+    Raises ValueError naming the valid choices.
+    """
+    if name in OBJECTIVES:
+        return OBJECTIVES[name]
+    by_class = {cls.__name__: cls for cls in OBJECTIVES.values()}
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in by_class and (name == leaf or name == f"{__name__}.{leaf}"):
+        return by_class[leaf]
+    if "." in name:  # a user's own objective elsewhere
+        import importlib
+
+        module, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"objective {name!r} cannot be imported: {e}") from None
+        if isinstance(cls, type) and issubclass(cls, PreferenceObjective):
+            return cls
+        raise ValueError(f"objective {name!r} is not a PreferenceObjective subclass")
+    raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)} "
+                     f"(classes {sorted(by_class)}), or a dotted path to a PreferenceObjective subclass")
+
+
 class PreferenceObjective:
     """Base class. `progress` is the fraction of training done, in [0, 1]."""
 
