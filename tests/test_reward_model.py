@@ -142,3 +142,19 @@ def test_keep_layers_loads_the_pretrained_lower_layers():
     for name, value in small.backbone.state_dict().items():
         assert torch.equal(value, full_state[name]), name
     assert any(name.startswith("encoder.layer.5.") for name in full_state)
+
+
+def test_no_trainable_parameter_is_driven_by_noise(word_tokenizer_dir, cache_dir):
+    """Pairwise objectives see rewards only through r(a) − r(b): a parameter that shifts every reward alike (a head
+    bias) gets a gradient of pure float noise, which Adam turns into lr-sized steps. In float64 every trainable
+    parameter's gradient must be a real signal, not rounding."""
+    pl.seed_everything(0)
+    model = tiny_model(word_tokenizer_dir).double()
+    dm = tiny_data(word_tokenizer_dir, cache_dir)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    model.pair_margins(batch).sigmoid().log().neg().mean().backward()
+    grads = {n: p.grad.abs().max().item() for n, p in model.named_parameters() if p.requires_grad}
+    scale = max(grads.values())
+    assert model.head.score.bias is None
+    assert not [n for n, g in grads.items() if g < 1e-9 * scale], grads

@@ -28,7 +28,11 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -
 
 
 class RewardHead(nn.Module):
-    """Linear map from the pooled hidden state to a scalar reward.
+    """Linear map from the pooled hidden state to a scalar reward, without a bias.
+
+    Every objective here sees rewards only through pair margins r(a) − r(b), where a bias cancels: its gradient
+    would be pure float noise, which Adam turns into steps of size ≈ lr (irreproducible runs). HF's
+    `…ForSequenceClassification` score heads have no bias for the same reason.
 
     Args:
         hidden_size: width of the backbone's hidden states.
@@ -40,9 +44,8 @@ class RewardHead(nn.Module):
         if pooling not in ("last", "mean"):
             raise ValueError(f"--model.pooling must be 'last' or 'mean', got {pooling!r}")
         self.pooling = pooling
-        self.score = nn.Linear(hidden_size, 1)
+        self.score = nn.Linear(hidden_size, 1, bias=False)
         nn.init.normal_(self.score.weight, std=1.0 / (hidden_size + 1) ** 0.5)
-        nn.init.zeros_(self.score.bias)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         pooled = pool(hidden, attention_mask, self.pooling)  # (N, H)
