@@ -68,6 +68,13 @@ def test_missing_teacher_checkpoint(word_tokenizer_dir, cache_dir):
         tiny_data(word_tokenizer_dir, cache_dir, train_subset="student", teacher_checkpoint="/nope.ckpt")
 
 
+def test_teacher_checkpoint_that_is_not_a_checkpoint(word_tokenizer_dir, cache_dir, tmp_path):
+    bogus = tmp_path / "teacher.ckpt"
+    bogus.write_text("epoch 1: loss 0.3\n")  # e.g. a log file given by mistake
+    with pytest.raises(ValueError, match=r"--data.teacher_checkpoint .*teacher.ckpt' is not a torch checkpoint"):
+        tiny_data(word_tokenizer_dir, cache_dir, train_subset="student", teacher_checkpoint=str(bogus))
+
+
 def test_crash_while_tokenizing_leaves_no_cache(word_tokenizer_dir, cache_dir, monkeypatch):
     import datamodules.preference.datamodule as pd
 

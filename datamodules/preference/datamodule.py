@@ -159,8 +159,8 @@ class PreferenceDataModule(pl.LightningDataModule):
             raise ValueError(f"--data.train_labels must be 'weak' or 'gold', got {train_labels!r}")
         if teacher_checkpoint and weak_labels:
             raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
-        if teacher_checkpoint and not os.path.isfile(teacher_checkpoint):
-            raise ValueError(f"--data.teacher_checkpoint {teacher_checkpoint!r} does not exist")
+        if teacher_checkpoint:
+            check_checkpoint_file(teacher_checkpoint, "--data.teacher_checkpoint")
         self.source, self.ood_targets = source, list(ood_targets)
         self.tokenizer_name = tokenizer
         self.cache_dir = cache_dir or default_cache_dir()
@@ -457,3 +457,15 @@ def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, v
         extra = set(mapping) - known
         if extra:
             raise ValueError(f"{flag} names {sorted(extra)}, which are neither --data.source nor --data.ood_targets")
+
+
+def check_checkpoint_file(path: str, flag: str) -> None:
+    """Fail early, naming the flag, unless `path` is a torch checkpoint (a zip archive holding a pickle): a log
+    file or a folder given by mistake would otherwise fail minutes later with a raw UnpicklingError."""
+    import zipfile
+
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r} does not exist")
+    if not zipfile.is_zipfile(path) or not any(n.endswith("data.pkl") for n in zipfile.ZipFile(path).namelist()):
+        raise ValueError(f"{flag} {path!r} is not a torch checkpoint (a .ckpt written by Lightning's "
+                         "trainer.save_checkpoint)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 from typing import Optional
 
 import torch
@@ -72,7 +73,11 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
     from datamodules.tokenizers import load_tokenizer
     from lightning_modules.reward.reward_model import RewardModelModule
 
-    model = RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
+    try:
+        model = RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
+    except (pickle.UnpicklingError, KeyError, RuntimeError, TypeError) as e:
+        raise ValueError(f"--data.teacher_checkpoint {teacher_checkpoint!r} is not a RewardModelModule checkpoint "
+                         f"of this version: {type(e).__name__}: {e}") from e
     model.eval().to(device or "cpu")
     tokenizer = load_tokenizer(model.tokenizer_name)
     swaps = [swap_order(r["id"], seed) for r in student_records]
