@@ -31,6 +31,18 @@ def test_counts_and_rates_by_hand():
     assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([2 / 3, 1 / 3])
 
 
+def test_one_distribution():
+    """torchmetrics squeezes one-element results; a single-distribution family must still summarise."""
+    m = MixtureMetrics(1, 2)
+    m.update(*[torch.tensor(c) for c in ([0, 1, 2], [0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 1, -1])])
+    out = m.compute()
+    flat = summarize(out, ["A"], ["Alice", "Bob"])
+    assert flat["val/acc/A"] == pytest.approx(1 / 3) and flat["val/refusal/A"] == pytest.approx(1 / 3)
+    assert flat["val/persona_share/Bob/A"] == pytest.approx(1 / 3) and flat["val/persona_share/none/A"] == pytest.approx(1 / 3)
+    R, w = persona_rewards(out, [0])
+    assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([1 / 3, 1 / 3])
+
+
 def test_duplicate_sample_counted_once_keeping_first():
     rows = metric_rows()
     dup = torch.cat([rows, torch.tensor([[0, 0, 0, 1, 0, 1]])])  # sample 0 again, another outcome

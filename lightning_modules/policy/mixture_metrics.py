@@ -74,9 +74,17 @@ class MixtureMetrics(Metric):
         return out
 
 
+def per_distribution(counts: dict[str, torch.Tensor], num_distributions: int) -> dict[str, torch.Tensor]:
+    """`MixtureMetrics.compute()` with one row per distribution again: torchmetrics squeezes one-element results to
+    0-dim tensors, so with a single distribution `n` would not be indexable."""
+    return {k: v.reshape(num_distributions, -1) if k.startswith("persona") else v.reshape(num_distributions)
+            for k, v in counts.items()}
+
+
 def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], personas: Sequence[str],
               prefix: str = "val") -> dict[str, float]:
     """Flat `stage/name` rates: acc, refusal, malformed per distribution and persona shares per distribution."""
+    counts = per_distribution(counts, len(distributions))
     out: dict[str, float] = {}
     n = counts["n"].clamp(min=1.0)
     for i, dist in enumerate(distributions):
@@ -94,6 +102,7 @@ def persona_rewards(counts: dict[str, torch.Tensor], dist_indices: Sequence[int]
 
     A persona never expressed there gets R = 0. Excludes the none/unknown column.
     """
+    counts = per_distribution(counts, counts["persona_counts"].shape[0])  # (D, P+1) is never squeezed
     idx = torch.tensor(list(dist_indices), dtype=torch.long)
     c = counts["persona_counts"][idx].sum(0)[:-1]  # (P,)
     r = counts["persona_correct"][idx].sum(0)[:-1]
