@@ -86,4 +86,15 @@ def test_config_fast_dev_run(config, tmp_path):
         args += ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=2"]
     cli = _cli(args)
     assert cli.trainer.state.finished and cli.trainer.global_step >= 1
-    assert torch.isfinite(torch.tensor(float(cli.trainer.callback_metrics.get("val/acc/" + cli.datamodule.family.distributions[0], 0.0))))
+    metrics = cli.trainer.callback_metrics
+    first = cli.datamodule.family.distributions[0]
+    assert f"val/acc/{first}" in metrics, sorted(metrics)  # the validation pass ran and was summarised
+    rates = {k: float(v) for k, v in metrics.items() if k.startswith(("val/acc/", "val/refusal/", "val/persona_share/"))}
+    assert rates and all(0.0 <= v <= 1.0 for v in rates.values()), rates
+    # persona shares (with "none") sum to 1 on every distribution the single fast_dev_run batch reached, and it
+    # reached the first one; 0 elsewhere
+    sums = {d: sum(v for k, v in rates.items() if k.startswith("val/persona_share/") and k.endswith(f"/{d}"))
+            for d in cli.datamodule.family.distributions}
+    assert sums[first] == pytest.approx(1.0) and all(s in (0.0, pytest.approx(1.0)) for s in sums.values()), sums
+    if "_rl" in name:
+        assert 0.0 <= float(metrics["rl/reward"]) <= 1.0
