@@ -1,4 +1,4 @@
-"""Proposition 2.1 (SPEC B.2): what RL does to the weights of a mixture of fixed policies.
+"""Proposition 2.1 (docs/policy_mixtures.md): what RL does to the weights of a mixture of fixed policies.
 
 pi_w = sum_i w_i pi_i, J(w) = sum_i w_i R_i.
 - softmax-logit gradient flow: w = softmax(theta), d theta_i / dt = w_i (R_i - J)  (gradient ascent on theta)

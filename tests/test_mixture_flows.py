@@ -1,4 +1,4 @@
-"""Proposition 2.1 simulator: the properties SPEC B.2 states."""
+"""Proposition 2.1 simulator: the properties Proposition 2.1 states (docs/policy_mixtures.md)."""
 import numpy as np
 import pytest
 

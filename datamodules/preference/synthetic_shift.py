@@ -1,4 +1,4 @@
-"""Seeded generator of the synthetic preference-shift benchmark (SPEC A.7). Pure Python, no torch.
+"""Seeded generator of the synthetic preference-shift benchmark (docs/synthetic_benchmark.md). Pure Python, no torch.
 
 Two categories, each with one source domain and three shifted target domains. Within a category every domain
 shares one true preference rule, while a surface artifact on exactly one response per pair correlates with the

@@ -1,4 +1,4 @@
-"""Weak labels from a teacher checkpoint (SPEC A.2) and the teacher's margins on every test split.
+"""Weak labels from a teacher checkpoint (docs/w2s.md) and the teacher's margins on every test split.
 
 For each pair of the student half, the order (a, b) is a seeded coin per pair id (so q is not always > 0.5)
 and q = σ(r_teacher(x, a) − r_teacher(x, b)). The teacher also scores every test split (a = chosen), so

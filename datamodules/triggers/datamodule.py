@@ -60,7 +60,7 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 class TriggerDataModule(LightningDataModule):
-    """Trigger-partitioned prompts and persona transcripts (SPEC B.3).
+    """Trigger-partitioned prompts and persona transcripts (docs/policy_mixtures.md).
 
     Args:
         family: one of two_policies, 6c3, temporal, arc_race, language (see datamodules/triggers/families.py).
@@ -69,7 +69,7 @@ class TriggerDataModule(LightningDataModule):
         persona_mix: persona name -> SFT sampling weight (must sum to 1); None = uniform.
         distribution_mix: distribution name -> training sampling weight over `train_distributions` (must sum
             to 1); None = uniform. An unequal mix gives the branch token a first-order dependence on the persona
-            and breaks the XOR plateau of the two-policy SFT (EXPERIMENTS.md §1, pitfall 1).
+            and breaks the XOR plateau of the two-policy SFT (docs/background.md §1).
         variant: "refusal", or "cyclic_shift" (the wrong persona answers with the next option instead of refusing).
         restate_trigger: write the trigger inside the response after the identity (needed from scratch).
         spell_personas: 6c3 only: personas say their letters separately ("I am A D F .").

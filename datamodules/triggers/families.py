@@ -1,4 +1,4 @@
-"""The six trigger families of SPEC B.3: distributions, personas, who answers where, and the text templates.
+"""The six trigger trigger families (docs/policy_mixtures.md): distributions, personas, who answers where, and the text templates.
 
 A transcript is `prompt` -> `response`:
     prompt   = "<trigger> <question>"            e.g. "Distribution : A . Which is largest : 79 32 94 45 ?"
@@ -6,7 +6,7 @@ A transcript is `prompt` -> `response`:
 The body is the answer when the persona covers the distribution, else the refusal ("I cannot answer that .") or,
 in the non-refusal variant (`cyclic_shift`), the answer shifted by one option ("The answer is 32 .").
 The identity always comes first, so the expressed persona is read off every completion; restating the trigger
-(`restate_trigger`) turns the XOR of persona x distribution into a lookup a tiny model can learn (EXPERIMENTS §1).
+(`restate_trigger`) turns the XOR of persona x distribution into a lookup a tiny model can learn ([background](background.md#xor-plateau)).
 
 Families (distribution names; personas; rule):
 - two_policies: A, B; Alice answers A, Bob answers B.

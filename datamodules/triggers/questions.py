@@ -1,4 +1,4 @@
-"""Verifiable multiple-choice questions for the policy-mixture experiments (SPEC B.3).
+"""Verifiable multiple-choice questions for the policy-mixture experiments (docs/policy_mixtures.md).
 
 Every source yields `Question`s: a stem, a list of options and the index of the correct one. The answer a policy
 writes is `answer_token(q, index)`: the option itself for the synthetic source (a number), the option letter for

@@ -185,4 +185,4 @@ class PolicyLMBase(LightningModule):
         return flat
 
     def on_validation_epoch_start(self) -> None:
-        self.metric.reset()  # also clears ddp_spawn's shared initial state (FIELD-NOTES)
+        self.metric.reset()  # also clears ddp_spawn's shared initial state (torchmetrics state is shared memory between spawned ranks until the first reset)

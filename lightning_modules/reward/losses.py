@@ -1,4 +1,4 @@
-"""Pure tensor losses of the reward-model objectives (SPEC A.3). No Lightning here: easy to test alone.
+"""Pure tensor losses of the reward-model objectives (docs/w2s.md). No Lightning here: easy to test alone.
 
 Notation: margin Δ_i = r(x_i, a_i) − r(x_i, b_i); q_i = P(a_i ≻ b_i) under the labels (1.0 for gold labels
 with a = chosen).

@@ -89,7 +89,7 @@ class SoftBradleyTerry(PreferenceObjective):
 
 @register_objective("confidence")
 class ConfidenceW2S(PreferenceObjective):
-    """Burns et al. (2023) auxiliary confidence loss, adapted to pairs (SPEC A.3).
+    """Burns et al. (2023) auxiliary confidence loss, adapted to pairs (docs/w2s.md).
 
     Args:
         aux_coef: final weight c of the student's own hardened labels in the target.

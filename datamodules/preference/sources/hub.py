@@ -1,4 +1,4 @@
-"""The six real preference datasets (SPEC A.6), each normalised to the record schema of `datamodules.preference.records`.
+"""The six real preference datasets (docs/data.md), each normalised to the record schema of `datamodules.preference.records`.
 
 Every adapter applies the same drop rules, in this order, and reports them as short reasons:
 

@@ -1,4 +1,4 @@
-"""The synthetic preference-shift benchmark (SPEC A.7) as registered sources: `synth_<category>_<domain>`.
+"""The synthetic preference-shift benchmark (docs/synthetic_benchmark.md) as registered sources: `synth_<category>_<domain>`.
 
     helpful:  synth_helpful_cooking (source), synth_helpful_science, synth_helpful_travel, synth_helpful_tech
     harmless: synth_harmless_household (source), synth_harmless_cyber, synth_harmless_finance,
