@@ -1,0 +1,59 @@
+"""Documented tables as tests: a docs page embeds a run's Markdown table between two markers, and a slow test
+regenerates the run and compares the numbers cell by cell.
+
+    <!-- table: NAME -->
+    | method | ID acc | ... |
+    |---|---|---|
+    | naive | 89.0 | ... |
+    <!-- /table: NAME -->
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUMBER = re.compile(r"[+\-−]?\d+(?:\.\d+)?")
+
+
+def documented_table(page: str, name: str) -> str:
+    """The Markdown between `<!-- table: name -->` and `<!-- /table: name -->` in docs/<page>."""
+    text = open(os.path.join(ROOT, "docs", page), encoding="utf-8").read()
+    match = re.search(rf"<!-- table: {re.escape(name)} -->\n(.*?)<!-- /table: {re.escape(name)} -->", text, re.S)
+    if match is None:
+        raise AssertionError(f"docs/{page} has no table marked {name!r}")
+    return match.group(1)
+
+
+def parse_table(markdown: str) -> dict[str, dict[str, float]]:
+    """{row label: {column header: first number in the cell}}; cells without a number (–, 0 rows) are skipped
+    except a bare 0. The first column is the row label."""
+    lines = [l.strip() for l in markdown.splitlines() if l.strip().startswith("|")]
+    if len(lines) < 3:
+        raise AssertionError(f"not a Markdown table:\n{markdown}")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        values = {}
+        for col, cell in zip(header[1:], cells[1:]):
+            m = NUMBER.search(cell.replace("**", ""))
+            if m:
+                values[col] = float(m.group(0).replace("−", "-"))
+        rows[cells[0]] = values
+    return rows
+
+
+def table_differences(documented: dict, measured: dict, tolerance: float) -> list[str]:
+    """Every cell of the documented table that the measured one lacks or misses by more than `tolerance`."""
+    problems = []
+    for row, cols in documented.items():
+        if row not in measured:
+            problems.append(f"row {row!r} missing from the run")
+            continue
+        for col, value in cols.items():
+            got = measured[row].get(col)
+            if got is None or not math.isclose(got, value, abs_tol=tolerance):
+                problems.append(f"{row} / {col}: documented {value}, measured {got}")
+    return problems

@@ -1,0 +1,45 @@
+"""The parser behind the documented-table tests, on a literal table, and every marked table in docs/ parses."""
+import glob
+import os
+import re
+
+import pytest
+
+from tests.doc_tables import ROOT, documented_table, parse_table, table_differences
+
+TABLE = """| method | ID acc | WRG | PGR |
+|---|---|---|---|
+| teacher | 85.7 | 0 | – |
+| naive | 89.0 ± 1.2 | **+3.3** | 0.12 |
+| anchor | 94.0 | −1.5 ± 0.4 | 0.5 |
+"""
+
+
+def test_parse_table_takes_the_first_number_of_each_cell():
+    rows = parse_table(TABLE)
+    assert rows == {"teacher": {"ID acc": 85.7, "WRG": 0.0},
+                    "naive": {"ID acc": 89.0, "WRG": 3.3, "PGR": 0.12},
+                    "anchor": {"ID acc": 94.0, "WRG": -1.5, "PGR": 0.5}}
+
+
+def test_table_differences_names_each_cell_out_of_tolerance():
+    doc = parse_table(TABLE)
+    run = {k: dict(v) for k, v in doc.items()}
+    run["naive"]["WRG"] = 4.5
+    del run["anchor"]
+    assert table_differences(doc, run, 1.0) == ["naive / WRG: documented 3.3, measured 4.5", "row 'anchor' missing from the run"]
+    run["naive"]["WRG"] = 4.2
+    assert table_differences(doc, run, 1.0) == ["row 'anchor' missing from the run"]
+
+
+MARKED = [(os.path.basename(p), name) for p in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+          for name in re.findall(r"<!-- table: ([\w-]+) -->", open(p, encoding="utf-8").read())]
+
+
+@pytest.mark.parametrize("page, name", MARKED, ids=[f"{p}:{n}" for p, n in MARKED])
+def test_marked_tables_parse_and_name_their_command(page, name):
+    rows = parse_table(documented_table(page, name))
+    assert rows and all(rows.values())
+    text = open(os.path.join(ROOT, "docs", page), encoding="utf-8").read()
+    before = text[:text.index(f"<!-- table: {name} -->")]
+    assert "Command" in before[-1500:], f"docs/{page}: the table {name!r} must follow the command that regenerates it"
