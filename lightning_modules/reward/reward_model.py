@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_modules.reward.backbones import (
-    LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
+    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
 from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
@@ -119,14 +119,7 @@ class RewardModelModule(LightningModule):
             self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora is not None:
             self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
-        n_layers = num_layers(self.backbone)
-        self.anchor_layer_ids = sorted({round(f * n_layers) for f in anchor_layers})
-        frozen = [l for l in self.anchor_layer_ids if l <= freeze_layers]
-        if anchor_coef > 0 and frozen:
-            raise ValueError(
-                f"--model.anchor_layers {anchor_layers} anchor hidden state(s) {frozen} of a {n_layers}-layer "
-                f"backbone, but --model.freeze_layers {freeze_layers} freezes layers 1..{freeze_layers}: their anchor "
-                f"is identically 0. Anchor depth fractions above {freeze_layers / n_layers:.2f}.")
+        self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
         self.head = RewardHead(hidden_size(self.backbone), pooling)
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
@@ -318,10 +311,40 @@ def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lor
         raise ValueError(f"--model.anchor_coef must be >= 0, got {anchor_coef}")
     if not anchor_layers or any(not 0.0 < f <= 1.0 for f in anchor_layers):
         raise ValueError(f"--model.anchor_layers must be depth fractions in (0, 1], got {anchor_layers}")
+    if quantization is not None and quantization not in QUANTIZATION:
+        raise ValueError(f"--model.quantization must be one of {QUANTIZATION} or null, got {quantization!r}")
+    if quantization is not None and is_tiny(backbone):
+        raise ValueError(f"--model.quantization {quantization} needs a pretrained backbone, not {backbone!r}")
     if quantization is not None and lora is None:
         raise ValueError("--model.quantization needs --model.lora: quantized weights cannot be fine-tuned directly")
     if freeze_layers < 0:
         raise ValueError(f"--model.freeze_layers must be >= 0, got {freeze_layers}")
+
+
+def anchor_layer_ids(anchor_layers: list[float], n_layers: int, anchor_coef: float, freeze_layers: int) -> list[int]:
+    """Indices into the hidden-state tuple (0 = embedding output, L = last layer) of the anchored depth fractions.
+
+    An anchor must be able to move: a fraction that rounds to index 0 anchors the embedding output, not a
+    transformer layer, and one on a frozen layer has an anchor term that is identically 0. Both are refused
+    when the anchor is on (the protocol calls this before any training, from the config alone).
+    """
+    ids = sorted({round(f * n_layers) for f in anchor_layers})
+    if anchor_coef <= 0:
+        return ids
+    if 0 in ids:
+        low = [f for f in anchor_layers if round(f * n_layers) == 0]
+        raise ValueError(
+            f"--model.anchor_layers {anchor_layers}: depth fraction(s) {low} round to hidden state 0 of a "
+            f"{n_layers}-layer backbone (index round(f * {n_layers})), the embedding output, not a transformer "
+            f"layer. Choose fractions >= {1 / n_layers:.3g} (layer 1).")
+    frozen = [i for i in ids if i <= freeze_layers]
+    if frozen:
+        raise ValueError(
+            f"--model.anchor_layers {anchor_layers} anchor hidden state(s) {frozen} of a {n_layers}-layer backbone, "
+            f"but --model.freeze_layers {freeze_layers} freezes the embeddings and layers 1..{freeze_layers}: their "
+            f"anchor is identically 0. Choose fractions >= {(freeze_layers + 1) / n_layers:.3g} "
+            f"(layer {freeze_layers + 1}).")
+    return ids
 
 
 def transfer_log_dict(scores: dict) -> dict[str, float]:
