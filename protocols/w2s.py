@@ -1,27 +1,36 @@
-"""The weak-to-strong protocol in one command (SPEC A.2):
+"""The weak-to-strong protocol in one command (docs/w2s.md):
 
     teacher (gold, teacher half) -> soft labels on the student half -> ceiling (gold, student half)
     -> every student method -> ID/OOD tests -> results.json / results.csv / results.md + TensorBoard figures
 
-    python -m protocols.w2s --config configs/experiment/w2s_synthetic.yaml
+    python -m protocols.w2s --config configs/experiment/w2s_synthetic.yaml [--force]
 
 Every stage is an ordinary `cli.py fit` + `cli.py test` (its command lines are written to the stage folder, so any
-stage can be re-run by hand) and writes `result.json` atomically when it is complete: re-running skips finished
-stages (and refuses one whose recorded arguments differ from the current ones), and a crash loses nothing already
-finished. Several seeds per method are reported as mean ± std.
+stage can be re-run by hand). Before any training, every stage of every seed and method is parsed with `cli.py`'s
+parser and validated. A stage writes `result.json` atomically when it is complete, with its identity (resolved
+configuration, checkpoint choice, upstream stages: `protocols.stage_identity`); a re-run reuses a finished stage
+of the same identity, refuses one of another identity (naming the differing keys) unless `--force`, and a crash
+loses nothing already finished. One run per out_dir at a time (`<out_dir>/.lock`); under DDP every rank trains
+and tests, only global rank 0 writes (`protocols.run_files`). Several seeds per method are reported as mean ± std.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
 import time
+import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from jsonargparse import ArgumentParser, ActionConfigFile
+from jsonargparse import ActionConfigFile, ArgumentParser
 
-from datamodules.preference.weak_labels import atomic_write_json
+from lightning_modules.reward.objectives import resolve_objective_class
+from protocols.run_files import OutDirLock, atomic_write, atomic_write_json, is_global_zero, read_json
+from protocols.stage_identity import digest, identity_diff, resolve_cli_config, stage_identity
 
 
 @dataclass
@@ -30,7 +39,8 @@ class Method:
 
     Args:
         name: row name in the results (e.g. "naive", "anchor_lam100").
-        objective: objective class in `lightning_modules.reward.objectives` ("SoftBradleyTerry", "ConfidenceW2S", ...).
+        objective: the preference objective: a registry name ("naive", "confidence", "gold"), a class name in
+            `lightning_modules.reward.objectives` ("SoftBradleyTerry", "ConfidenceW2S", ...) or a dotted path.
         objective_args: its init arguments (e.g. {"aux_coef": 0.5}).
         anchor_coef: ANCHOR's λ (0 = no anchor).
         anchor_layers: anchored depth fractions (1.0 = last layer).
@@ -44,8 +54,16 @@ class Method:
     anchor_layers: list[float] = field(default_factory=lambda: [1.0])
     args: list[str] = field(default_factory=list)
 
+    def objective_class_path(self) -> str:
+        """The dotted path `--model.objective` takes, whatever form `objective` was given in."""
+        try:
+            cls = resolve_objective_class(self.objective)
+        except ValueError as err:
+            raise ValueError(f"method {self.name!r}: objective: {err}") from None
+        return f"{cls.__module__}.{cls.__qualname__}"
+
     def cli_args(self) -> list[str]:
-        objective = {"class_path": f"lightning_modules.reward.objectives.{self.objective}", "init_args": self.objective_args}
+        objective = {"class_path": self.objective_class_path(), "init_args": self.objective_args}
         return [f"--model.objective={json.dumps(objective)}", f"--model.anchor_coef={self.anchor_coef}",
                 f"--model.anchor_layers={json.dumps(self.anchor_layers)}", *self.args]
 
@@ -92,6 +110,11 @@ class W2SProtocol:
         reserved = {"teacher", "ceiling"} & set(names)
         if reserved:
             raise ValueError(f"--methods may not be named {sorted(reserved)} (reserved rows)")
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
+        if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
+            raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
+        for method in self.methods:
+            method.objective_class_path()  # an unknown objective fails here, naming the method
         for flag in ("teacher_checkpoint", "student_checkpoint"):
             if getattr(self, flag) not in ("best", "last"):
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
@@ -102,49 +125,240 @@ class W2SProtocol:
                 raise ValueError(f"config file {path!r} does not exist")
 
 
-# ---- running stages -------------------------------------------------------------------------------------------
-def run_stage(stage_dir: str, base_args: list[str], checkpoint: str) -> dict:
-    """`cli.py fit` then `cli.py test` on the selected checkpoint; returns (and stores) the test results."""
-    done = os.path.join(stage_dir, "result.json")
-    if os.path.isfile(done):
-        with open(done) as f:
-            finished = json.load(f)
-        if finished.get("args") != base_args:  # a stage of another configuration: never reuse it silently
-            raise ValueError(
-                f"{done} was written by a run with other arguments (or by an older version that did not record "
-                f"them): {finished.get('args')} vs now {base_args}. Use another out_dir, or delete {stage_dir} "
-                "to run the stage again.")
-        return finished
+# ---- the stages -------------------------------------------------------------------------------------------------
+@dataclass
+class Stage:
+    """One `cli.py fit` + `cli.py test` of the protocol, in `<out_dir>/seed<k>/<name>`.
+
+    `args` leave out the paths of upstream outputs (`upstream`: the stages of the same seed it reads): they are
+    added when those stages are done, and their identities stand for them in this stage's identity.
+    """
+
+    seed: int
+    name: str  # "teacher", "ceiling" or a method's name
+    role: str  # for messages: "weak teacher", "ceiling", "method 'anchor'"
+    dir: str
+    args: list[str]
+    checkpoint: str
+    upstream: tuple[str, ...] = ()
+    config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.dir, "result.json")
+
+    def location_args(self, version: str) -> list[str]:
+        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints."""
+        return ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+                f"--trainer.logger.init_args.save_dir={self.dir}", "--trainer.logger.init_args.name=",
+                f"--trainer.logger.init_args.version={version}", f"--trainer.default_root_dir={self.dir}"]
+
+
+def plan_stages(p: W2SProtocol) -> list[Stage]:
+    """Every stage of every seed, in run order (a stage's upstream stages come before it)."""
+    configs = lambda files: [a for path in files for a in ("--config", path)]  # noqa: E731
+    stages = []
+    for seed in p.seeds:
+        seed_dir = os.path.join(p.out_dir, f"seed{seed}")
+        common = [f"--seed_everything={seed}", f"--data.seed={seed}"]
+        teacher = (configs(p.trainer_configs + p.data_configs + p.teacher_configs) + common
+                   + ["--data.train_subset=teacher"] + p.teacher_args)
+        stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
+                            p.teacher_checkpoint))
+        student = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
+                   + ["--data.train_subset=student"]
+                   + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
+                   + p.student_args)
+        if p.ceiling:
+            gold = ["--data.train_labels=gold",
+                    "--model.objective=lightning_modules.reward.objectives.GoldBradleyTerry"]
+            stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
+                                p.student_checkpoint, ("teacher",)))
+        for m in p.methods:
+            stages.append(Stage(seed, m.name, f"method {m.name!r}", os.path.join(seed_dir, m.name),
+                                student + m.cli_args(), p.student_checkpoint,
+                                ("teacher", "ceiling") if p.ceiling else ("teacher",)))
+    return stages
+
+
+def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
+    args = []
+    if "teacher" in stage.upstream:
+        args.append(f"--data.teacher_checkpoint={done['teacher'][stage.seed]['checkpoint']}")
+    if "ceiling" in stage.upstream:
+        args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
+    return args
+
+
+def ceiling_results_path(stage: Stage) -> str:
+    return os.path.join(os.path.dirname(stage.dir), "ceiling", "ceiling_test.json")
+
+
+# ---- validation before any work ---------------------------------------------------------------------------------
+def validate_stage(stage: Stage) -> None:
+    """Resolve the stage's configuration with `cli.py`'s parser and refuse bad settings, building nothing."""
+    try:
+        stage.config = resolve_cli_config(stage.args + stage.location_args("fit"))
+        _check_model(stage.config.get("model") or {})
+        _check_data(stage.config.get("data") or {})
+    except (ValueError, TypeError, OSError) as err:
+        raise ValueError(f"stage {stage.dir} ({stage.role}): {err}") from None
+
+
+def _check_model(model: dict) -> None:
+    from lightning_modules.reward.reward_model import _validate, anchor_layer_ids
+
+    a = model.get("init_args") or {}
+    if "anchor_layers" not in a:  # not a reward model: nothing of ours to check
+        return
+    _validate(a["backbone"], a["tokenizer"], a["anchor_coef"], a["anchor_layers"], a["quantization"], a["lora"],
+              a["freeze_layers"])
+    anchor_layer_ids(a["anchor_layers"], backbone_layer_count(a), a["anchor_coef"], a["freeze_layers"])
+    objective = a.get("objective")
+    if objective:
+        try:  # the objective validates its own arguments (ConfidenceW2S: aux_coef in [0, 1], ...)
+            resolve_objective_class(objective["class_path"])(**(objective.get("init_args") or {}))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--model.objective {objective['class_path']}: {err}") from None
+
+
+def backbone_layer_count(a: dict) -> int:
+    """Transformer layers of the model's backbone, from its config alone (no weights are read)."""
+    from transformers import AutoConfig
+
+    from datamodules.tokenizers import resolve_pretrained
+    from lightning_modules.reward.backbones import is_tiny, tiny_config
+
+    name, keep = a["backbone"], a.get("keep_layers")
+    if is_tiny(name):
+        cfg = tiny_config(name, vocab_size=8, pad_token_id=0, overrides=a.get("tiny_config"))
+    else:
+        try:
+            cfg = AutoConfig.from_pretrained(resolve_pretrained(name))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"--model.backbone {name!r}: cannot read its config: {str(err)[:300]}") from None
+    n = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    if keep is not None and not 1 <= keep <= n:
+        raise ValueError(f"--model.keep_layers must be in [1, {n}] for {name!r} ({n} layers), got {keep}")
+    return keep or n
+
+
+def _check_data(data: dict) -> None:
+    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
+
+    a = data.get("init_args") or {}
+    if "source" not in a:
+        return
+    _import_builtin_sources()
+    for flag, name in [("--data.source", a["source"])] + [("--data.ood_targets", t) for t in a["ood_targets"]]:
+        if name not in SOURCES:
+            raise ValueError(f"{flag}: unknown preference source {name!r}; known sources: {sorted(SOURCES)}")
+
+
+# ---- reuse or run -------------------------------------------------------------------------------------------------
+class StageChangedError(ValueError):
+    """A finished stage ran with another identity than the current configuration gives it."""
+
+
+def _changes(finished: dict, identity: dict) -> list[str]:
+    """How the finished stage's recorded identity differs from `identity` (only the keys `identity` has)."""
+    if "identity" not in finished:
+        return ["identity: not recorded (a result of an older protocol version)"]
+    return identity_diff({k: finished["identity"].get(k) for k in identity}, identity)
+
+
+def _refuse(changed: list[tuple[Stage, list[str]]]) -> None:
+    lines = "\n".join(f"  {stage.dir}: " + "; ".join(diff) for stage, diff in changed)
+    raise StageChangedError(
+        f"finished stage(s) ran with another configuration than the current one (a stage is reused only when its "
+        f"resolved configuration, checkpoint choice and upstream stages are the same):\n{lines}\n"
+        "Rerun with --force to replace them (their old outputs are deleted), or use another --out_dir.")
+
+
+def refuse_changed_stages(stages: list[Stage], force: bool) -> None:
+    """All finished stages whose configuration or checkpoint choice changed, named at once before any work
+    (changes of upstream stages are known only as they run: `run_or_reuse`)."""
+    changed = []
+    for stage in stages:
+        finished = read_json(stage.result_path)
+        if finished is not None:
+            identity = stage_identity(stage.config, stage.checkpoint, {})
+            diff = _changes(finished, {k: v for k, v in identity.items() if k != "upstream"})
+            if diff:
+                changed.append((stage, diff))
+    if changed and not force:
+        _refuse(changed)
+    if changed and is_global_zero():
+        print(f"--force: {len(changed)} finished stage(s) of another configuration will run again: "
+              + ", ".join(stage.dir for stage, _ in changed))
+
+
+def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: bool) -> dict:
+    upstream = {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
+                for name in stage.upstream}
+    identity = stage_identity(stage.config, stage.checkpoint, upstream)
+    finished = read_json(stage.result_path)
+    if finished is not None:
+        diff = _changes(finished, identity)
+        if not diff:
+            return finished
+        if not force:
+            _refuse([(stage, diff)])
+    if is_global_zero():
+        clear_stage_dir(stage.dir)
+    return run_stage(stage, stage.args + upstream_args(stage, done), identity)
+
+
+def clear_stage_dir(stage_dir: str) -> None:
+    """Remove an unfinished or replaced stage's old outputs (logs, checkpoints) before it runs again.
+
+    `result.json` goes first: if the removal is interrupted, the stage reads as unfinished, never as finished.
+    """
+    result = os.path.join(stage_dir, "result.json")
+    if os.path.exists(result):
+        os.remove(result)
+    if os.path.isdir(stage_dir):
+        shutil.rmtree(stage_dir)
+
+
+def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
+    """`cli.py fit` then `cli.py test` on the selected checkpoint; returns (and, on rank 0, stores) the results."""
     from cli import main
 
-    os.makedirs(stage_dir, exist_ok=True)
-    logger = ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
-              f"--trainer.logger.init_args.save_dir={stage_dir}", "--trainer.logger.init_args.name="]
-    fit_args = ["fit", *base_args, *logger, "--trainer.logger.init_args.version=fit",
-                f"--trainer.default_root_dir={stage_dir}"]
-    _append_command(stage_dir, fit_args)
+    fit_args = ["fit", *args, *stage.location_args("fit")]
+    _write_commands(stage.dir, [fit_args])
     start = time.time()
     fit = main(fit_args)
     fit_seconds = time.time() - start
-    callback = fit.trainer.checkpoint_callback
-    if checkpoint == "best" and callback is not None and callback.best_model_path:
-        ckpt = callback.best_model_path
-    else:  # the final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run)
-        ckpt = os.path.join(stage_dir, "final.ckpt")
-        fit.trainer.save_checkpoint(ckpt)
+    # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
+    run = fit.trainer.strategy.broadcast(uuid.uuid4().hex)
+    ckpt = _selected_checkpoint(fit.trainer, stage)
     drift_cb = _find_drift_callback(fit.trainer)
     drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> value}
     del fit
-    test_args = ["test", *base_args, *logger, "--trainer.logger.init_args.version=test", f"--ckpt_path={ckpt}",
-                 "--verbose=false"]
-    _append_command(stage_dir, test_args)
+    test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
+    _write_commands(stage.dir, [fit_args, test_args])
     test = main(test_args)
     result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
-              "args": base_args}
+              "identity": identity, "run": run, "args": args}
     if drift:
         result["drift"] = drift
-    atomic_write_json(result, done)
+    if is_global_zero():
+        atomic_write_json(result, stage.result_path)
     return result
+
+
+def _selected_checkpoint(trainer, stage: Stage) -> str:
+    callback = trainer.checkpoint_callback
+    if stage.checkpoint == "best" and callback is not None and callback.best_model_path:
+        return callback.best_model_path  # the same path on every rank (ModelCheckpoint broadcasts its folder)
+    # The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run).
+    path = os.path.join(stage.dir, "final.ckpt")
+    trainer.save_checkpoint(path + ".tmp")  # every rank takes part; the strategy writes on rank 0 only
+    if trainer.is_global_zero:
+        os.replace(path + ".tmp", path)
+    trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
+    return path
 
 
 def _find_drift_callback(trainer) -> Any:
@@ -154,59 +368,58 @@ def _find_drift_callback(trainer) -> Any:
     return None
 
 
-def _append_command(stage_dir: str, args: list[str]) -> None:
-    with open(os.path.join(stage_dir, "commands.sh"), "a") as f:
-        f.write("python cli.py " + " ".join(shlex.quote(a) for a in args) + "\n")
+def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
+    if is_global_zero():
+        atomic_write(os.path.join(stage_dir, "commands.sh"),
+                     "".join("python cli.py " + " ".join(shlex.quote(a) for a in c) + "\n" for c in commands))
 
 
-def run_protocol(p: W2SProtocol) -> dict:
-    os.makedirs(p.out_dir, exist_ok=True)
-    with open(os.path.join(p.out_dir, "protocol.json"), "w") as f:
-        json.dump(asdict(p), f, indent=2)
-    configs = lambda files: [a for path in files for a in ("--config", path)]  # noqa: E731
-    raw: dict[str, dict[int, dict]] = {}
-    for seed in p.seeds:
-        seed_dir = os.path.join(p.out_dir, f"seed{seed}")
-        common = [f"--seed_everything={seed}", f"--data.seed={seed}"]
-        teacher = run_stage(os.path.join(seed_dir, "teacher"),
-                            configs(p.trainer_configs + p.data_configs + p.teacher_configs) + common
-                            + ["--data.train_subset=teacher"] + p.teacher_args, p.teacher_checkpoint)
-        raw.setdefault("teacher", {})[seed] = teacher
-        student_base = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
-                        + ["--data.train_subset=student", f"--data.teacher_checkpoint={teacher['checkpoint']}"]
-                        + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
-                        + p.student_args)
-        ceiling_results = None
-        if p.ceiling:
-            ceiling = run_stage(os.path.join(seed_dir, "ceiling"),
-                                student_base + ["--data.train_labels=gold",
-                                                "--model.objective=lightning_modules.reward.objectives.GoldBradleyTerry"],
-                                p.student_checkpoint)
-            raw.setdefault("ceiling", {})[seed] = ceiling
-            ceiling_results = os.path.join(seed_dir, "ceiling", "ceiling_test.json")
-            atomic_write_json({k: v for k, v in ceiling["test"].items() if k != "transfer"}, ceiling_results)
-        for method in p.methods:
-            extra = [f"--model.ceiling_results={ceiling_results}"] if ceiling_results else []
-            raw.setdefault(method.name, {})[seed] = run_stage(
-                os.path.join(seed_dir, method.name), student_base + method.cli_args() + extra, p.student_checkpoint)
-    from protocols.w2s_report import write_reports
+# ---- the protocol -------------------------------------------------------------------------------------------------
+def run_protocol(p: W2SProtocol, force: bool = False) -> dict:
+    """Every stage, then the results; returns the results (every rank computes the same ones)."""
+    from protocols.w2s_report import summarize, write_reports
 
-    return write_reports(p, raw)
+    stages = plan_stages(p)
+    for stage in stages:  # before any work: every stage of every seed and method
+        validate_stage(stage)
+    rank0 = is_global_zero()
+    with OutDirLock(p.out_dir) if rank0 else nullcontext():  # DDP children run inside rank 0's lock
+        refuse_changed_stages(stages, force)
+        if rank0:
+            atomic_write_json(asdict(p), os.path.join(p.out_dir, "protocol.json"))
+        done: dict[str, dict[int, dict]] = {}
+        for stage in stages:
+            done.setdefault(stage.name, {})[stage.seed] = result = run_or_reuse(stage, done, force)
+            if stage.name == "ceiling" and rank0:  # the methods' --model.ceiling_results
+                atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"},
+                                  ceiling_results_path(stage))
+        results = summarize(p, done)
+        if rank0:
+            write_reports(p.out_dir, results)
+    return results
 
 
-def parse(args: Optional[list[str]] = None) -> W2SProtocol:
+def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, bool]:
     parser = ArgumentParser(description=__doc__, default_config_files=[])
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(W2SProtocol, as_group=False)
-    cfg = parser.parse_args(args)
-    d = cfg.as_dict()
+    parser.add_argument("--force", action="store_true",
+                        help="rerun finished stages whose identity differs from the current configuration's "
+                             "(their old outputs are deleted) instead of refusing them")
+    d = parser.parse_args(args).as_dict()
     d.pop("config", None)
+    force = bool(d.pop("force"))
     d["methods"] = [m if isinstance(m, Method) else Method(**m) for m in d["methods"]]
-    return W2SProtocol(**d)
+    return W2SProtocol(**d), force
+
+
+def parse(args: Optional[list[str]] = None) -> W2SProtocol:
+    return _parse(args)[0]
 
 
 def main(args: Optional[list[str]] = None) -> dict:
-    return run_protocol(parse(args))
+    protocol, force = _parse(args)
+    return run_protocol(protocol, force=force)
 
 
 if __name__ == "__main__":

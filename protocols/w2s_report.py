@@ -1,14 +1,17 @@
 """Tables and figures of a W2S protocol run: rows = methods, columns = ID accuracy, WRG, AOG per target, mean AOG,
-NTS, PGR (percent points, mean ± std over seeds), as in the paper's tables; plus TensorBoard figures."""
+NTS, PGR (percent points; mean ± std over seeds, the value alone for one seed), as in the paper's tables; plus
+TensorBoard figures. `summarize` computes (every rank of a DDP run gets the same results); `write_reports`
+writes and prints (global rank 0 only), each file replaced in one step."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import statistics
-from typing import Any
+from typing import Any, Optional
 
-from datamodules.preference.weak_labels import atomic_write_json
+from protocols.run_files import atomic_write, atomic_write_json
 
 
 def row_scores(stage: dict, id_source: str, is_teacher: bool) -> dict[str, float]:
@@ -41,11 +44,12 @@ def flatten_drift(drift: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, Optional[float], int]:
+    """Mean, sample std (None below two values: one seed has no spread to report) and count, NaNs left out."""
     vals = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
     if not vals:
-        return float("nan"), float("nan")
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+        return float("nan"), None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
 
 
 def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -56,8 +60,8 @@ def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict
         table[method] = {}
         for key in keys:
             values = {seed: s[key] for seed, s in scores.items() if key in s}
-            m, sd = mean_std(list(values.values()))
-            table[method][key] = {"mean": m, "std": sd, "per_seed": values}
+            m, sd, n = mean_std(list(values.values()))
+            table[method][key] = {"mean": m, "std": sd, "n": n, "per_seed": values}
     return table
 
 
@@ -81,40 +85,52 @@ def headline_drift_keys(table: dict) -> list[str]:
 
 
 def fmt(cell: dict | None, key: str) -> str:
+    """'mean ± std' over seeds; the value alone when one seed gave it."""
     if cell is None or math.isnan(cell["mean"]):
         return "–"
+    spread = cell["std"] is not None
     if key == "pgr" or key.startswith("drift/"):
-        return f"{cell['mean']:.3g} ± {cell['std']:.2g}"
+        return f"{cell['mean']:.3g}" + (f" ± {cell['std']:.2g}" if spread else "")
     sign = "+" if not key.startswith("acc/") and cell["mean"] >= 0 else ""
-    return f"{sign}{cell['mean']:.1f} ± {cell['std']:.1f}"
+    return f"{sign}{cell['mean']:.1f}" + (f" ± {cell['std']:.1f}" if spread else "")
 
 
-def write_reports(p, raw: dict[str, dict[int, dict]]) -> dict:
+def summarize(p, raw: dict[str, dict[int, dict]]) -> dict:
+    """results.json's content: the table (rows = methods) and what it needs to be read."""
     first = next(iter(raw["teacher"].values()))["test"]
     splits = [k for k in first if k != "transfer"]
     id_source, targets = splits[0], splits[1:]
     table = aggregate(raw, id_source)
     has_pgr = any("pgr" in row for row in table.values())
     cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
-    results = {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
-               "columns": [c for c, _ in cols], "rows": table,
-               "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
-    atomic_write_json(results, os.path.join(p.out_dir, "results.json"))
-    with open(os.path.join(p.out_dir, "results.csv"), "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["method"] + [f"{c}_{s}" for c, _ in cols for s in ("mean", "std")])
-        for method, row in table.items():
-            writer.writerow([method] + [f"{row[c][s]:.4f}" if c in row else "" for c, _ in cols for s in ("mean", "std")])
-    md = markdown_table(table, cols, len(p.seeds))
-    with open(os.path.join(p.out_dir, "results.md"), "w") as f:
-        f.write(md + "\n")
-    print(md)
-    write_figures(p.out_dir, table, targets)
-    return results
+    return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
+            "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
+            "markdown": markdown_table(table, cols, len(p.seeds)),
+            "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
+
+
+def write_reports(out_dir: str, results: dict) -> None:
+    """results.json / .csv / .md and the figures; global rank 0 only."""
+    atomic_write_json(results, os.path.join(out_dir, "results.json"))
+    cols = results["columns"]
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["method"] + [f"{c}_{s}" for c in cols for s in ("mean", "std")])
+    for method, row in results["rows"].items():
+        writer.writerow([method] + [_csv_cell(row.get(c), s) for c in cols for s in ("mean", "std")])
+    atomic_write(os.path.join(out_dir, "results.csv"), buf.getvalue())
+    atomic_write(os.path.join(out_dir, "results.md"), results["markdown"] + "\n")
+    print(results["markdown"])
+    write_figures(out_dir, results["rows"], results["targets"])
+
+
+def _csv_cell(cell: Optional[dict], stat: str) -> str:
+    return "" if cell is None or cell[stat] is None else f"{cell[stat]:.4f}"
 
 
 def markdown_table(table: dict, cols: list[tuple[str, str]], n_seeds: int) -> str:
-    lines = [f"Percent points, mean ± std over {n_seeds} seed(s). Teacher and student scored on the same pairs.", "",
+    spread = "1 seed" if n_seeds == 1 else f"mean ± std over {n_seeds} seeds"
+    lines = [f"Percent points, {spread}. Teacher and student scored on the same pairs.", "",
              "| method | " + " | ".join(name for _, name in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for method, row in table.items():
@@ -154,7 +170,7 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
 
     fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(methods), 3.2))
     means = [table[m]["nts"]["mean"] for m in methods]
-    stds = [table[m]["nts"]["std"] for m in methods]
+    stds = [table[m]["nts"]["std"] or 0.0 for m in methods]  # one seed: no error bar
     ax.bar(range(len(methods)), means, yerr=stds, color=["tab:green" if v >= 0 else "tab:red" for v in means])
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
@@ -179,7 +195,9 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
         figures["drift_vs_ood"] = fig
 
     for name, fig in figures.items():
-        fig.savefig(os.path.join(fig_dir, f"{name}.png"), dpi=120)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=120)
+        atomic_write(os.path.join(fig_dir, f"{name}.png"), png.getvalue())
         writer.add_figure(f"w2s/{name}", fig)
         plt.close(fig)
     writer.close()

@@ -1,97 +1,330 @@
-"""The one-command protocol: stages, re-run skipping, the results tables; the paper-grid configs parse and run
-with fast_dev_run when pointed at tiny local models and fixture data."""
+"""The one-command protocol: its table against values recomputed from the stage outputs, stage identity (reuse,
+refusal, --force), the out_dir lock, validation before any work, DDP (each file written once, by rank 0), the
+report's seed handling; the paper-grid configs parse and run with fast_dev_run on tiny local models."""
 import glob
 import json
 import os
+import socket
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import yaml
 
-from protocols.w2s import main as run_protocol, parse
+from protocols.run_files import OutDirLock
+from protocols.w2s import Method, StageChangedError, main as run_protocol, parse
 from tests.conftest import HUB_FIXTURES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SYNTH = {n: {"n_train": 160, "n_validation": 24, "n_test": 33} for n in
-         ["synth_helpful_cooking", "synth_helpful_science", "synth_helpful_travel", "synth_helpful_tech"]}
+SRC, TARGETS = "synth_helpful_cooking", ["synth_helpful_science", "synth_helpful_travel", "synth_helpful_tech"]
+SYNTH = {n: {"n_train": 160, "n_validation": 24, "n_test": 33} for n in [SRC, *TARGETS]}
+TINY_TEACHER = os.path.join(ROOT, "configs/model/tiny_teacher.yaml")
 
 
-def _write(tmp_path, cfg) -> str:
-    path = str(tmp_path / "protocol.yaml")
+def _write(tmp_path, cfg, name="protocol.yaml") -> str:
+    path = str(tmp_path / name)
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
     return path
 
 
-def test_protocol_runs_skips_finished_stages_and_writes_tables(tmp_path, word_tokenizer_dir, cache_dir):
-    common = [f"--model.tokenizer={word_tokenizer_dir}", f"--data.source_options={json.dumps(SYNTH)}",
-              f"--data.cache_dir={cache_dir}", "--trainer.max_epochs=1", "--data.max_length=96"]
-    cfg = {
-        "out_dir": str(tmp_path / "run"),
-        "trainer_configs": [os.path.join(ROOT, "configs/trainer/cpu.yaml")],
-        "data_configs": [os.path.join(ROOT, "configs/data/synth_helpful.yaml")],
-        "teacher_configs": [os.path.join(ROOT, "configs/model/tiny_teacher.yaml")],
-        "student_configs": [os.path.join(ROOT, "configs/model/tiny_teacher.yaml")],
-        "teacher_args": common, "student_args": common + ["--model.objective=lightning_modules.reward.objectives.SoftBradleyTerry"],
-        "seeds": [0],
-        "methods": [{"name": "anchor", "anchor_coef": 1.0}],
-    }
+def _tiny_protocol(tmp_path, tokenizer, cache, extra_args=(), **overrides) -> dict:
+    """Tiny Qwen2 teacher and student (1 layer, word tokenizer), 80 pairs per half, 33 test pairs, 1 epoch."""
+    common = [f"--model.tokenizer={tokenizer}", f"--data.source_options={json.dumps(SYNTH)}",
+              f"--data.cache_dir={cache}", "--trainer.max_epochs=1", "--data.max_length=96", *extra_args]
+    cfg = {"out_dir": str(tmp_path / "run"),
+           "trainer_configs": [os.path.join(ROOT, "configs/trainer/cpu.yaml")],
+           "data_configs": [os.path.join(ROOT, "configs/data/synth_helpful.yaml")],
+           "teacher_configs": [TINY_TEACHER], "student_configs": [TINY_TEACHER],
+           "teacher_args": common, "student_args": common, "seeds": [0], "ceiling": False, "drift": False,
+           "methods": [{"name": "naive", "objective": "naive"}]}
+    cfg.update(overrides)
+    return cfg
+
+
+def _stage_acc(out, seed, stage) -> dict[str, float]:
+    """The stage's own test accuracies (percent), from the file the reward model wrote in its test run."""
+    with open(os.path.join(out, f"seed{seed}", stage, "test", "test_results.json")) as f:
+        return {k: 100.0 * v["acc"] for k, v in json.load(f).items() if k != "transfer"}
+
+
+def _ood_mean_drift(out, seed, stage, metric, layer) -> float:
+    with open(os.path.join(out, f"seed{seed}", stage, "fit", "drift.json")) as f:
+        final = json.load(f)["final"]
+    return float(np.mean([final[t][metric][layer] for t in TARGETS]))
+
+
+def _expected_row(student: dict, teacher: dict, ceiling: dict | None) -> dict[str, float]:
+    """The paper's scores of one seed, from plain accuracies: WRG, AOG per target, mean AOG, NTS, PGR."""
+    wrg = student[SRC] - teacher[SRC]
+    aog = {t: student[t] - teacher[t] for t in TARGETS}
+    row = {f"acc/{SRC}": student[SRC], "wrg": wrg, **{f"aog/{t}": v for t, v in aog.items()},
+           "aog_mean": float(np.mean(list(aog.values())))}
+    row["nts"] = row["aog_mean"] - max(0.0, -wrg)
+    if ceiling is not None:
+        row["pgr"] = wrg / (ceiling[SRC] - teacher[SRC]) if ceiling[SRC] != teacher[SRC] else float("nan")
+    return row
+
+
+def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, word_tokenizer_dir, cache_dir):
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], ceiling=True, drift=True,
+                         methods=[{"name": "anchor", "objective": "naive", "anchor_coef": 1.0}])
     results = run_protocol(["--config", _write(tmp_path, cfg)])
-    rows = results["rows"]
-    assert list(rows) == ["teacher", "ceiling", "anchor"]
-    src = "synth_helpful_cooking"
-    row = rows["anchor"]
-    # WRG is the student's ID accuracy minus the teacher's, on the same pairs, in percent points
-    assert row["wrg"]["mean"] == pytest.approx(row[f"acc/{src}"]["mean"] - rows["teacher"][f"acc/{src}"]["mean"])
-    assert row["nts"]["mean"] == pytest.approx(row["aog_mean"]["mean"] - max(0.0, -row["wrg"]["mean"]))
-    ceiling_id = rows["ceiling"][f"acc/{src}"]["mean"]
-    teacher_id = rows["teacher"][f"acc/{src}"]["mean"]
-    if ceiling_id != teacher_id:
-        assert row["pgr"]["mean"] == pytest.approx(row["wrg"]["mean"] / (ceiling_id - teacher_id))
-    assert "drift/ood_mean/cka/layer1" in row  # the drift callback's final values reach the table
-    out = cfg["out_dir"]
-    for name in ("results.json", "results.csv", "results.md", "figures/aog_heatmap.png", "figures/nts_bars.png",
-                 "figures/drift_vs_ood.png"):
+    out, seeds, rows = cfg["out_dir"], [0, 1], results["rows"]
+    assert list(rows) == ["teacher", "ceiling", "anchor"] and results["id_source"] == SRC
+    drift_cols = ["drift/ood_mean/mse/layer1", "drift/ood_mean/cka/layer1"]
+    assert results["columns"] == [f"acc/{SRC}", "wrg", *[f"aog/{t}" for t in TARGETS], "aog_mean", "nts", "pgr",
+                                  *drift_cols]
+    expected = {m: {} for m in rows}  # method -> column -> per-seed values
+    for seed in seeds:
+        teacher, ceiling = _stage_acc(out, seed, "teacher"), _stage_acc(out, seed, "ceiling")
+        per_row = {"teacher": {f"acc/{SRC}": teacher[SRC], "wrg": 0.0, "aog_mean": 0.0, "nts": 0.0,
+                               **{f"aog/{t}": 0.0 for t in TARGETS}},
+                   "ceiling": _expected_row(ceiling, teacher, None),
+                   "anchor": _expected_row(_stage_acc(out, seed, "anchor"), teacher, ceiling)}
+        for m in ("ceiling", "anchor"):
+            per_row[m].update({c: _ood_mean_drift(out, seed, m, c.split("/")[2], "layer1") for c in drift_cols})
+        for m, row in per_row.items():
+            for col, value in row.items():
+                expected[m].setdefault(col, []).append(value)
+    with open(os.path.join(out, "results.json")) as f:
+        written = json.load(f)["rows"]
+    for m, cols in expected.items():
+        for col in results["columns"]:
+            if col not in cols:  # the teacher has no PGR and no drift: an empty cell
+                assert col not in rows[m] and col not in written[m], (m, col)
+                continue
+            values = np.array(cols[col])
+            cell = rows[m][col]
+            assert [cell["per_seed"][s] for s in seeds] == pytest.approx(values, abs=1e-6), (m, col)
+            assert cell["mean"] == pytest.approx(values.mean(), abs=1e-6), (m, col)
+            assert cell["std"] == pytest.approx(values.std(ddof=1), abs=1e-6), (m, col)
+            assert written[m][col]["mean"] == pytest.approx(values.mean(), abs=1e-6), (m, col)
+            assert written[m][col]["per_seed"] == {str(s): pytest.approx(v, abs=1e-6) for s, v in zip(seeds, values)}
+    # the Markdown row of the student, from the recomputed values
+    cells = []
+    for col in results["columns"]:
+        values = np.array(expected["anchor"][col])
+        mean, std = values.mean(), values.std(ddof=1)
+        if col == "pgr" or col.startswith("drift/"):
+            cells.append(f"{mean:.3g} ± {std:.2g}")
+        else:
+            cells.append(("" if col.startswith("acc/") or mean < 0 else "+") + f"{mean:.1f} ± {std:.1f}")
+    md = open(os.path.join(out, "results.md")).read()
+    assert "| anchor | " + " | ".join(cells) + " |" in md
+    assert "mean ± std over 2 seeds" in md
+    for name in ("results.csv", "figures/aog_heatmap.png", "figures/nts_bars.png", "figures/drift_vs_ood.png"):
         assert os.path.isfile(os.path.join(out, name)), name
     assert glob.glob(os.path.join(out, "summary", "events.out.tfevents.*"))
+
+
+def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path, word_tokenizer_dir, cache_dir):
+    student_yaml = str(tmp_path / "student.yaml")
+    model = yaml.safe_load(open(TINY_TEACHER))
+    yaml.safe_dump(model, open(student_yaml, "w"))
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, student_configs=[student_yaml])
+    run_protocol(["--config", _write(tmp_path, cfg)])
+    out = cfg["out_dir"]
+    result = {s: os.path.join(out, "seed0", s, "result.json") for s in ("teacher", "naive")}
     md = open(os.path.join(out, "results.md")).read()
-    assert "| anchor |" in md and "NTS" in md and "AOG synth_helpful_travel" in md
-    assert open(os.path.join(out, "seed0", "anchor", "commands.sh")).read().startswith("python cli.py fit")
+    assert "1 seed" in md and "±" not in md  # one seed: values, no spread
+    stamp = lambda: {s: os.path.getmtime(p) for s, p in result.items()}  # noqa: E731
+    before, kept = stamp(), open(result["naive"]).read()
 
-    # A re-run skips every finished stage: remove one stage's result and only that stage runs again.
-    os.remove(os.path.join(out, "seed0", "anchor", "result.json"))
-    stamp = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(out, "seed*", "*", "result.json"))}
-    again = run_protocol(["--config", _write(tmp_path, cfg)])
-    assert all(os.path.getmtime(p) == t for p, t in stamp.items())
-    assert again["rows"]["anchor"]["wrg"]["mean"] == pytest.approx(row["wrg"]["mean"])  # deterministic re-run
+    # Same path, other contents: the student's model file now has 2 layers and lr 5e-2.
+    model["model"]["init_args"]["tiny_config"]["num_hidden_layers"] = 2
+    model["model"]["init_args"]["optimizer"]["init_args"]["lr"] = 5e-2
+    yaml.safe_dump(model, open(student_yaml, "w"))
+    with pytest.raises(StageChangedError) as err:
+        run_protocol(["--config", _write(tmp_path, cfg)])
+    message = str(err.value)
+    assert os.path.join(out, "seed0", "naive") in message and os.path.join(out, "seed0", "teacher") not in message
+    assert "config.model.init_args.optimizer.init_args.lr: 0.001 → 0.05" in message
+    assert "config.model.init_args.tiny_config.num_hidden_layers: 1 → 2" in message
+    assert "--force" in message and stamp() == before and open(result["naive"]).read() == kept
 
-    # A finished stage of another configuration is refused, not silently reused, and left as it was.
-    changed = dict(cfg, student_args=cfg["student_args"] + ["--trainer.max_epochs=2"])
-    kept = open(os.path.join(out, "seed0", "ceiling", "result.json")).read()
-    with pytest.raises(ValueError, match="written by a run with other arguments"):
-        run_protocol(["--config", _write(tmp_path, changed)])
-    assert open(os.path.join(out, "seed0", "ceiling", "result.json")).read() == kept
+    # Another checkpoint choice is another stage.
+    with pytest.raises(StageChangedError, match="checkpoint: 'last' → 'best'"):
+        run_protocol(["--config", _write(tmp_path, dict(cfg, student_checkpoint="best"))])
+
+    # --force reruns the changed stage only; then the new identity is reused.
+    run_protocol(["--config", _write(tmp_path, cfg), "--force"])
+    after = stamp()
+    assert after["teacher"] == before["teacher"] and after["naive"] > before["naive"]
+    identity = json.load(open(result["naive"]))["identity"]["config"]
+    assert identity["model.init_args.optimizer.init_args.lr"] == 5e-2
+    run_protocol(["--config", _write(tmp_path, cfg)])
+    assert stamp() == after
+
+    # A teacher that ran again (its result was removed) is another upstream input of the student.
+    os.remove(result["teacher"])
+    with pytest.raises(StageChangedError, match=r"seed0/naive: upstream\.teacher\.run: '[0-9a-f]+' → '[0-9a-f]+'"):
+        run_protocol(["--config", _write(tmp_path, cfg)])
+    assert os.path.isfile(result["teacher"]) and stamp()["naive"] == after["naive"]
 
 
-def test_report_aggregates_seeds_as_mean_and_std(tmp_path):
-    from protocols.w2s_report import aggregate, markdown_table, display_columns
+def test_ddp_protocol_writes_each_file_once_and_every_rank_computes_the_table(tmp_path, word_tokenizer_dir,
+                                                                             cache_dir):
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, extra_args=ddp, ceiling=True)
+    args = [sys.executable, os.path.join(ROOT, "tests", "ddp_protocol_script.py"), str(tmp_path),
+            "--config", _write(tmp_path, cfg)]
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    run = lambda: subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)  # noqa: E731
+    proc = run()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = cfg["out_dir"]
+    ranks = [json.load(open(tmp_path / f"table.rank{r}.json")) for r in (0, 1)]
+    assert ranks[0] == ranks[1] == json.load(open(os.path.join(out, "results.json")))["rows"]
+    assert list(ranks[0]) == ["teacher", "ceiling", "naive"]
+    assert proc.stdout.count("| method |") == 1  # the table is printed once
+    for stage in ("teacher", "ceiling", "naive"):
+        lines = open(os.path.join(out, "seed0", stage, "commands.sh")).read().splitlines()
+        assert [line.split()[2] for line in lines] == ["fit", "test"], stage
+    assert not glob.glob(os.path.join(out, "**", "*.tmp*"), recursive=True)
+    assert not os.path.exists(os.path.join(out, ".lock"))
 
-    def stage(student, teacher):
-        return {"test": {"transfer": {
-            "acc_student": {"S": student[0], "T": student[1]}, "acc_teacher": {"S": teacher[0], "T": teacher[1]},
-            "wrg": student[0] - teacher[0], "aog": {"T": student[1] - teacher[1]},
-            "aog_mean": student[1] - teacher[1], "nts": 0.0}}}
+    # A re-run under DDP: the re-executed rank reuses the same finished stages as rank 0 (same identities).
+    naive = os.path.join(out, "seed0", "naive", "result.json")
+    os.remove(naive)
+    kept = {s: os.path.getmtime(os.path.join(out, "seed0", s, "result.json")) for s in ("teacher", "ceiling")}
+    proc = run()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert kept == {s: os.path.getmtime(os.path.join(out, "seed0", s, "result.json")) for s in kept}
+    assert os.path.isfile(naive)
+    assert len(open(os.path.join(out, "seed0", "naive", "commands.sh")).read().splitlines()) == 2
+    again = [json.load(open(tmp_path / f"table.rank{r}.json")) for r in (0, 1)]
+    assert again[0] == again[1]
 
-    teacher = {"test": {"S": {"acc": 0.8, "pairs": 10}, "T": {"acc": 0.5, "pairs": 10}}}
-    raw = {"teacher": {0: teacher, 1: teacher},
-           "naive": {0: stage((82.0, 40.0), (80.0, 50.0)), 1: stage((86.0, 44.0), (80.0, 50.0))}}
+
+# ---- the lock ---------------------------------------------------------------------------------------------------
+def test_lock_refuses_a_second_run_naming_the_holder(tmp_path, word_tokenizer_dir, cache_dir):
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir)
+    holder = f"PID {os.getpid()} on host {socket.gethostname()}"
+    with OutDirLock(cfg["out_dir"]):
+        with pytest.raises(RuntimeError, match=f"is in use by another protocol run \\({holder}"):
+            run_protocol(["--config", _write(tmp_path, cfg)])
+    assert not glob.glob(os.path.join(cfg["out_dir"], "seed*"))
+    assert not os.path.exists(os.path.join(cfg["out_dir"], ".lock"))  # released when its holder is done
+
+
+def test_stale_lock_is_taken_over_with_a_warning(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its PID names no running process now
+    lock = tmp_path / ".lock"
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    with pytest.warns(UserWarning, match=f"taking over the stale lock .* of PID {dead.pid} on host"):
+        with OutDirLock(str(tmp_path)):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert not lock.exists()
+
+
+def test_lock_is_released_on_exception(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with OutDirLock(str(tmp_path)):
+            raise KeyboardInterrupt
+    assert not (tmp_path / ".lock").exists()
+    with OutDirLock(str(tmp_path)):  # free again
+        pass
+
+
+# ---- validation before any work ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method, message", [
+    ({"name": "neg", "anchor_coef": -1.0}, r"seed0/neg \(method 'neg'\): --model.anchor_coef must be >= 0"),
+    ({"name": "typo", "objective": "naiv"}, r"method 'typo': objective: unknown objective 'naiv'; registered:"),
+    ({"name": "low", "anchor_coef": 1.0, "anchor_layers": [0.4]},
+     r"seed0/low \(method 'low'\): --model.anchor_layers \[0.4\]: depth fraction\(s\) \[0.4\] round to hidden "
+     r"state 0 of a 1-layer backbone .* the embedding output"),
+    ({"name": "frozen", "anchor_coef": 1.0, "args": ["--model.freeze_layers=1"]},
+     r"seed0/frozen \(method 'frozen'\): .*freezes the embeddings and layers 1..1: their anchor is identically 0"),
+    ({"name": "conf", "objective": "confidence", "objective_args": {"aux_coef": 2.0}},
+     r"seed0/conf \(method 'conf'\): --model.objective .*ConfidenceW2S: .*aux_coef must be in \[0, 1\]"),
+], ids=["negative_lambda", "unknown_objective", "anchor_on_embeddings", "anchor_on_frozen_layer", "objective_args"])
+def test_bad_method_is_refused_before_any_stage_runs(tmp_path, word_tokenizer_dir, cache_dir, method, message):
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1],
+                         methods=[{"name": "naive"}, method])
+    with pytest.raises(ValueError, match=message):
+        run_protocol(["--config", _write(tmp_path, cfg)])
+    assert not glob.glob(os.path.join(cfg["out_dir"], "seed*", "teacher"))
+
+
+def test_unknown_dataset_is_refused_naming_the_stage(tmp_path, word_tokenizer_dir, cache_dir):
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir)
+    cfg["student_args"] = cfg["student_args"] + ['--data.ood_targets=["synth_helpful_cooking_x"]']
+    with pytest.raises(ValueError, match=r"seed0/naive \(method 'naive'\): --data.ood_targets: unknown preference "
+                                         r"source 'synth_helpful_cooking_x'"):
+        run_protocol(["--config", _write(tmp_path, cfg)])
+    assert not glob.glob(os.path.join(cfg["out_dir"], "seed*", "teacher"))
+
+
+@pytest.mark.parametrize("objective, cls", [
+    ("naive", "SoftBradleyTerry"), ("confidence", "ConfidenceW2S"), ("gold", "GoldBradleyTerry"),
+    ("ConfidenceW2S", "ConfidenceW2S"), ("lightning_modules.reward.objectives.SoftBradleyTerry", "SoftBradleyTerry"),
+])
+def test_method_objective_takes_registry_or_class_names(objective, cls):
+    from protocols.stage_identity import resolve_cli_config
+
+    args = Method("m", objective=objective, objective_args={}).cli_args()
+    assert json.loads(args[0].split("=", 1)[1])["class_path"] == f"lightning_modules.reward.objectives.{cls}"
+    config = resolve_cli_config(["--config", os.path.join(ROOT, "configs/data/synth_helpful.yaml"), "--config",
+                                 TINY_TEACHER, *args])  # cli.py accepts the argument
+    assert config["model"]["init_args"]["objective"]["class_path"] == f"lightning_modules.reward.objectives.{cls}"
+
+
+def test_anchor_fraction_rounding_to_the_embeddings_says_so(word_tokenizer_dir):
+    from tests.helpers import tiny_model
+
+    with pytest.raises(ValueError) as err:  # 2 layers: round(0.01 * 2) = 0, the embedding output
+        tiny_model(word_tokenizer_dir, anchor_coef=1.0, anchor_layers=[0.01, 1.0])
+    message = str(err.value)
+    assert ("depth fraction(s) [0.01] round to hidden state 0 of a 2-layer backbone (index round(f * 2)), the "
+            "embedding output, not a transformer layer. Choose fractions >= 0.5 (layer 1)") in message
+    assert "freezes" not in message
+    with pytest.raises(ValueError, match=r"freezes the embeddings and layers 1..1: their anchor is identically 0. "
+                                         r"Choose fractions >= 1 \(layer 2\)"):
+        tiny_model(word_tokenizer_dir, anchor_coef=1.0, anchor_layers=[0.5, 1.0], freeze_layers=1)
+    assert tiny_model(word_tokenizer_dir, anchor_coef=1.0, anchor_layers=[0.5, 1.0]).anchor_layer_ids == [1, 2]
+
+
+# ---- the report --------------------------------------------------------------------------------------------------
+def _stage(student, teacher):
+    return {"test": {"transfer": {
+        "acc_student": {"S": student[0], "T": student[1]}, "acc_teacher": {"S": teacher[0], "T": teacher[1]},
+        "wrg": student[0] - teacher[0], "aog": {"T": student[1] - teacher[1]},
+        "aog_mean": student[1] - teacher[1], "nts": student[1] - teacher[1] - max(0.0, teacher[0] - student[0])}}}
+
+
+TEACHER = {"test": {"S": {"acc": 0.8, "pairs": 10}, "T": {"acc": 0.5, "pairs": 10}}}
+
+
+def test_report_aggregates_seeds_as_mean_and_std():
+    from protocols.w2s_report import aggregate, display_columns, markdown_table
+
+    raw = {"teacher": {0: TEACHER, 1: TEACHER},
+           "naive": {0: _stage((82.0, 40.0), (80.0, 50.0)), 1: _stage((86.0, 44.0), (80.0, 50.0))}}
     table = aggregate(raw, "S")
     assert table["naive"]["wrg"]["mean"] == 4.0 and table["naive"]["wrg"]["std"] == pytest.approx(2 ** 0.5 * 2)
-    assert table["naive"]["aog/T"]["mean"] == -8.0
+    assert table["naive"]["wrg"]["per_seed"] == {0: 2.0, 1: 6.0}
+    assert table["naive"]["aog/T"]["mean"] == -8.0 and table["naive"]["aog/T"]["per_seed"] == {0: -10.0, 1: -6.0}
     assert table["teacher"]["acc/S"]["mean"] == pytest.approx(80.0) and table["teacher"]["wrg"]["mean"] == 0.0
     md = markdown_table(table, display_columns("S", ["T"], False, []), 2)
-    assert "| naive | 84.0 ± 2.8 | +4.0 ± 2.8 | -8.0 ± 2.8 |" in md
+    assert "mean ± std over 2 seeds" in md
+    assert "| naive | 84.0 ± 2.8 | +4.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 |" in md
 
 
+def test_report_of_one_seed_prints_values_without_spread():
+    from protocols.w2s_report import aggregate, display_columns, markdown_table
+
+    table = aggregate({"teacher": {0: TEACHER}, "naive": {0: _stage((82.0, 40.0), (80.0, 50.0))}}, "S")
+    assert table["naive"]["wrg"] == {"mean": 2.0, "std": None, "n": 1, "per_seed": {0: 2.0}}
+    md = markdown_table(table, display_columns("S", ["T"], False, []), 1)
+    assert "Percent points, 1 seed." in md and "±" not in md
+    assert "| naive | 82.0 | +2.0 | -10.0 | -10.0 | -10.0 |" in md
+    assert "| teacher | 80.0 | +0.0 | +0.0 | +0.0 | +0.0 |" in md
+
+
+# ---- the shipped configs -----------------------------------------------------------------------------------------
 PAPER = sorted(glob.glob(os.path.join(ROOT, "configs/experiment/paper/*.yaml")))
 
 

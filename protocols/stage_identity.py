@@ -1,0 +1,91 @@
+"""A protocol stage's identity: its resolved `cli.py` configuration, its checkpoint choice and its upstream inputs.
+
+Comparing argument strings misses edits inside a config file (a model file changed to 2 layers keeps the same
+`--config` path), so a stage is identified by every value after parsing all its config files and overrides
+with the parser of `cli.py`, without instantiating anything. Keys that only say where a run writes (log and
+checkpoint folders, the tokenization cache) are left out; the paths of upstream outputs (teacher checkpoint,
+ceiling results) are replaced by the identity of the stage that produced them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+
+# Run-location keys (dotted, as in `flatten`): the same run written elsewhere is the same stage.
+LOCATION_KEYS = {
+    "trainer.default_root_dir", "trainer.logger.init_args.save_dir", "trainer.logger.init_args.name",
+    "trainer.logger.init_args.version", "data.init_args.cache_dir",
+    # upstream outputs: their producing stage's identity stands for them (see `stage_identity`)
+    "data.init_args.teacher_checkpoint", "model.init_args.ceiling_results",
+}
+
+
+class _Parsed(Exception):
+    def __init__(self, parser, config):
+        super().__init__("parsed")
+        self.parser, self.config = parser, config
+
+
+def resolve_cli_config(args: list[str]) -> dict:
+    """Every value of `python cli.py fit <args>` as a plain dict, without instantiating the model or data.
+
+    Raises ValueError with the parser's message when cli.py would refuse the arguments.
+    """
+    from argparse import ArgumentError
+
+    from cli import ShiftCLI
+
+    class ParseOnlyCLI(ShiftCLI):  # ShiftCLI's parser (its arguments and links); stops right after parsing
+        def parse_arguments(self, parser, args):
+            super().parse_arguments(parser, args)
+            raise _Parsed(parser, self.config)
+
+    try:  # the classes and subclass modes of `cli.main`
+        with warnings.catch_warnings():  # "args and sys.argv both given": on purpose here
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            ParseOnlyCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                         parser_kwargs={"exit_on_error": False}, args=args, run=False)
+    except _Parsed as parsed:
+        dumped = parsed.parser.dump(parsed.config, format="json", skip_unset=False, skip_link_targets=False)
+        return json.loads(dumped)
+    except ArgumentError as err:
+        raise ValueError(str(err)) from None
+    raise AssertionError("ParseOnlyCLI returned without parsing")
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": [1, 2]}} -> {"a.b.0": 1, "a.b.1": 2}; empty containers stay as values."""
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
+    if isinstance(tree, list) and tree:
+        return {k: v for i, sub in enumerate(tree) for k, v in flatten(sub, f"{prefix}{i}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def without_location(config: dict) -> dict[str, Any]:
+    """The resolved config, flattened, minus run-location keys (and any callback's `dirpath`)."""
+    return {k: v for k, v in flatten(config).items() if k not in LOCATION_KEYS and not k.endswith(".dirpath")}
+
+
+def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict]) -> dict:
+    """What a finished stage's result depends on. `upstream`: producing stage name -> {"identity", "run"}."""
+    return {"config": without_location(config), "checkpoint": checkpoint, "upstream": upstream}
+
+
+def digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def identity_diff(old: dict, new: dict, limit: int = 5) -> list[str]:
+    """'dotted.key: old → new' for the differing keys (at most `limit`, then a count of the rest)."""
+    a, b = flatten(old), flatten(new)
+    missing = "(absent)"
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing))
+    lines = [f"{k}: {a.get(k, missing)!r} → {b.get(k, missing)!r}" for k in keys[:limit]]
+    if len(keys) > limit:
+        lines.append(f"... and {len(keys) - limit} more")
+    return lines
