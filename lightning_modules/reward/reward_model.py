@@ -1,4 +1,4 @@
-"""Reward model: a transformer backbone + a scalar head, trained on preference pairs (SPEC A.1, A.3).
+"""Reward model: a transformer backbone + a scalar head, trained on preference pairs (docs/reward_model.md, docs/w2s.md).
 
 A batch holds B pairs; chosen/a and rejected/b go through the backbone in ONE forward of 2B sequences
 (rows [0, B) are the a's, rows [B, 2B) the b's). ANCHOR adds λ·masked-MSE between the student's hidden states
