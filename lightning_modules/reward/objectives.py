@@ -1,4 +1,4 @@
-"""Preference objectives: a small open registry chosen by config (`--model.objective`).
+"""Preference objectives: a small open registry chosen by config (`--model.objective naive`, or a class path).
 
 Each objective maps the pair margins Δ (B,) and the label q = P(a ≻ b) (B,) to a scalar loss. ANCHOR is not an
 objective of its own: it adds λ·L_anchor to any of these (see `RewardModelModule.anchor_coef`).
@@ -52,6 +52,12 @@ def resolve_objective_class(name: str) -> type["PreferenceObjective"]:
         raise ValueError(f"objective {name!r} is not a PreferenceObjective subclass")
     raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)} "
                      f"(classes {sorted(by_class)}), or a dotted path to a PreferenceObjective subclass")
+
+
+def objective_class_path(name: str) -> str:
+    """The dotted class path of an objective named as `resolve_objective_class` accepts (what configs record)."""
+    cls = resolve_objective_class(name)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class PreferenceObjective:
