@@ -139,6 +139,22 @@ class PersonaTrackingCallback(Callback):
                       f"measured winner {t['measured_winner']}."]
         return "\n".join(lines) + "\n"
 
+    @staticmethod
+    def history_markdown(table: dict) -> str:
+        """One row per evaluation: accuracy and refusal per distribution, the share of the persona that dominates
+        each distribution at the end, and the largest malformed rate."""
+        dists = [r["distribution"] for r in table["rows"]]
+        winner = {r["distribution"]: r["dominant_after"] for r in table["rows"]}
+        cols = ([(f"acc {d}", f"val/acc/{d}") for d in dists] + [(f"refusal {d}", f"val/refusal/{d}") for d in dists]
+                + [(f"{winner[d]} share {d}", f"val/persona_share/{winner[d]}/{d}") for d in dists])
+        lines = ["| step | " + " | ".join(c for c, _ in cols) + " | malformed (max) |",
+                 "|---" * (len(cols) + 2) + "|"]
+        for h in table["history"]:
+            m = h["metrics"]
+            malformed = max(m[f"val/malformed/{d}"] for d in dists)
+            lines.append(f"| {h['step']} | " + " | ".join(f"{m[k]:.2f}" for _, k in cols) + f" | {malformed:.2f} |")
+        return "\n".join(lines) + "\n"
+
     def fit_theory(self, pl_module: LightningModule):
         from analysis.mixture_flows import fit_time_scale, overlay_figure
 
@@ -173,4 +189,4 @@ class PersonaTrackingCallback(Callback):
         with open(os.path.join(d, f"{self.name}_table.json"), "w") as f:
             json.dump(table, f, indent=1)
         with open(os.path.join(d, f"{self.name}_table.md"), "w") as f:
-            f.write(self.markdown(table))
+            f.write(self.markdown(table) + "\n" + self.history_markdown(table))
