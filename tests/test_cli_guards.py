@@ -2,6 +2,8 @@
 command line; a mistyped key leads the error with its closest valid key (docs/reward_model.md, "Command line")."""
 import json
 import os
+import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -18,7 +20,8 @@ FIT_ONLY = ["--model.center_rewards_coef=0.25"]  # differs from the default (0.0
 
 
 def _error_lines(args: list[str], capsys) -> list[str]:
-    with pytest.raises(SystemExit) as exit_info:
+    # sys.argv as from a shell: with pytest's own arguments there, Lightning warns on stderr that both are given
+    with mock.patch.object(sys, "argv", ["cli.py"]), pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 2
     return capsys.readouterr().err.splitlines()
