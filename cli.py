@@ -4,33 +4,18 @@ Any LightningModule / LightningDataModule is chosen by `class_path` in the confi
 agree in one place: the data module tokenizes with the model's tokenizer (`--model.tokenizer`). The frozen
 reference model's callback is always present (`--reference.*`) and does nothing unless the model asks for it.
 
-Three guards (docs/reward_model.md, "Command line"):
-- `--model.objective naive`: a registry name becomes the class path as it is parsed, so the resolved config (and
-  `--print_config`, and the run's config.yaml) records the class path.
-- `--ckpt_path`: LightningCLI builds the model from the checkpoint's hyperparameters; a value given explicitly (in a
-  --config file or a flag) that differs from them is refused before anything is built, naming the keys.
-- a mistyped key leads the error with one line naming it and the closest valid key.
+Three guards live in `cli_guards.py`: `--model.objective naive` (registry names), `--ckpt_path` never silently
+overriding explicit `--model.*` values, and a mistyped key named first with the closest valid one.
 """
 from __future__ import annotations
 
-import argparse
-import difflib
-import importlib
-import inspect
-import json
 import os
-import re
-import sys
-import typing
 
-import torch
-import yaml
-from jsonargparse import Namespace
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks.reference_model import ReferenceModelCallback
-from lightning_modules.reward.objectives import PreferenceObjective, objective_class_path
+from cli_guards import ShiftArgumentParser, checkpoint_disagreements
 
 
 class ShiftCLI(LightningCLI):
@@ -72,166 +57,6 @@ def main(args=None, run: bool = True) -> ShiftCLI:
         args=args,
         run=run,
     )
-
-
-# ---- the guards (docs/reward_model.md, "Command line") ---------------------------------------------------------
-class ShiftArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser; it also takes objective registry names and names a mistyped key first."""
-
-    lead_errors = False  # set on the CLI's own parsers, not on the class parsers jsonargparse nests inside them
-
-    def parse_args(self, args=None, *rest, **kwargs):  # a nested class parser gets `--objective=<value>` here
-        actions = [a for a in self._actions if _takes_objective(a)]
-        if actions and args is not None:
-            args = [self._objective_arg(arg, actions) for arg in args]
-        return super().parse_args(args, *rest, **kwargs)
-
-    def parse_object(self, obj, *rest, **kwargs):  # ... and `{"objective": <value>, ...}` from a config file here
-        for action in (a for a in self._actions if _takes_objective(a)):
-            if isinstance(obj, (dict, Namespace)) and action.dest in obj:
-                obj = obj.clone() if isinstance(obj, Namespace) else dict(obj)
-                obj[action.dest] = self._objective_value(obj[action.dest], action)
-        return super().parse_object(obj, *rest, **kwargs)
-
-    def _objective_arg(self, arg: str, actions) -> str:
-        for action in actions:
-            for option in action.option_strings:
-                if arg.startswith(option + "="):
-                    try:
-                        value = yaml.safe_load(arg[len(option) + 1:])
-                    except yaml.YAMLError:
-                        return arg
-                    new = self._objective_value(value, action)
-                    return arg if new is value else f"{option}={json.dumps(new)}"
-        return arg
-
-    def _objective_value(self, value, action):
-        """A registry or class name (no dot) -> the class path; dotted paths are left to jsonargparse."""
-        spec = value.get("class_path") if isinstance(value, (dict, Namespace)) else value
-        if not isinstance(spec, str) or "." in spec:
-            return value
-        try:
-            path = objective_class_path(spec)
-        except ValueError as err:  # in jsonargparse's wording, so that the headline names the flag
-            self.error(f'Parser key "{action.dest}": {err}')
-        if isinstance(value, str):
-            return path
-        return {**(value.as_dict() if isinstance(value, Namespace) else value), "class_path": path}
-
-    def error(self, message: str, ex: Exception | None = None):
-        try:
-            headline = error_headline(message, self) if self.lead_errors else None
-        except Exception:  # noqa: BLE001 -- a convenience: never let it hide the error itself
-            headline = None
-        if headline and self.exit_on_error:
-            sys.stderr.write(f"error: {headline}\n")  # before the usage text, which can be a hundred lines
-        elif headline:
-            message = f"{headline}\n{message}"
-        super().error(message, ex)
-
-
-def checkpoint_disagreements(parser, args, config) -> list[str]:
-    """'--model.KEY: checkpoint A, command line B' for each explicitly given value that the checkpoint's
-    hyperparameters would silently replace (LightningCLI loads them into the config when ckpt_path is a file)."""
-    sub = config.get("subcommand")
-    path = config[sub].get("ckpt_path") if sub else None
-    if not path or not os.path.isfile(path) or isinstance(args, (dict, Namespace)):
-        return []
-    hparams = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}
-    given = parser.parse_args(args, defaults=False)[sub].get("model")  # only what --config files and flags set
-    if not hparams or not given:
-        return []
-    given = given.as_dict() if isinstance(given, Namespace) else given
-    # Compare like with like: the checkpoint holds the dump of the fit's config, so dump this run's config.
-    used = yaml.safe_load(parser.dump(config, skip_link_targets=False, skip_unset=False))[sub]["model"]
-    differing = []
-    if hparams.get("_class_path") and given.get("class_path") not in (None, hparams["_class_path"]):
-        differing.append(f"--model: checkpoint {hparams['_class_path']}, command line {given['class_path']}")
-    for key in _leaves(given.get("init_args", {}) if "class_path" in given else given):
-        if key[0] not in hparams:  # not a hyperparameter of the checkpoint (e.g. objective, optimizer)
-            continue
-        theirs, ours = _at(hparams, key), _at(used.get("init_args", used), key)
-        if theirs != ours:
-            differing.append(f"--model.{'.'.join(key)}: checkpoint {theirs!r}, command line {ours!r}")
-    return differing
-
-
-def _leaves(tree: dict, prefix: tuple = ()):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:  # lists are compared whole
-            yield from _leaves(value, prefix + (key,))
-        else:
-            yield prefix + (key,)
-
-
-def _at(tree, key: tuple):
-    for part in key:
-        if not isinstance(tree, dict) or part not in tree:
-            return "(absent)"
-        tree = tree[part]
-    return tree
-
-
-def _takes_objective(action) -> bool:
-    hint = getattr(action, "_typehint", None)
-    return any(inspect.isclass(t) and issubclass(t, PreferenceObjective) for t in (hint, *typing.get_args(hint)))
-
-
-_PARSER_KEY, _CLASS_PATH = re.compile(r'Parser key "([^"]+)"'), re.compile(r"class_path ?=? ?'([^']+)'")
-_REFUSED = re.compile(r"Option '([^']+)' is not accepted|(unknown objective .*)")
-
-
-def error_headline(message: str, parser) -> str | None:
-    """'unknown key K — did you mean V?' (or the unknown objective, with its flag) from jsonargparse's message."""
-    top = re.search(r"Subcommand '(\w+)' does not accept option '([^']+)'", message)  # a YAML key
-    flag = re.match(r"unrecognized arguments: (?:(\w+) )?--([^\s=]+)", message)  # a flag
-    if top or flag:
-        sub, key = (top or flag).groups()
-        return _suggest(key, *_first_unknown_part(key, _keys_of(parser, sub)))
-    stack = []  # nested messages: 'Parser key "model"' > "class_path '...'" > "Option 'x' is not accepted"
-    for line in message.splitlines():
-        indent = len(line) - len(line.lstrip(" -"))
-        stack = [s for s in stack if s[0] < indent]  # (indent, key part, class path)
-        stack += [(indent, m[1], None) for m in _PARSER_KEY.finditer(line)]
-        stack += [(indent, "init_args", m[1]) for m in _CLASS_PATH.finditer(line)]
-        refused = _REFUSED.search(line)
-        if refused and refused[2]:
-            return f"--{'.'.join(part for _, part, _ in stack if part != 'init_args')}: {refused[2]}"
-        if refused:
-            owner = next((cls for _, _, cls in reversed(stack) if cls), None)
-            return _suggest(".".join([part for _, part, _ in stack] + [refused[1]]), refused[1], _init_args(owner))
-    return None
-
-
-def _suggest(key: str, unknown: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(unknown, valid, n=1)
-    return f"unknown key '{key}' — " + (f"did you mean '{close[0]}'?" if close else f"valid here: {', '.join(valid[:20])}")
-
-
-def _first_unknown_part(key: str, valid: list[str]) -> tuple[str, list[str]]:
-    """The first part of the dotted `key` that no valid dotted key has at its place, and those that do."""
-    parts = key.split(".")
-    for depth, part in enumerate(parts):
-        there = sorted({v.split(".")[depth] for v in valid
-                        if v.split(".")[:depth] == parts[:depth] and v.count(".") >= depth})
-        if part not in there:
-            return part, there
-    return parts[-1], []
-
-
-def _keys_of(parser, subcommand: str | None) -> list[str]:
-    subcommands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if subcommands is not None and subcommand in subcommands.choices:
-        parser = subcommands.choices[subcommand]
-    return [a.dest for a in parser._actions if a.dest != argparse.SUPPRESS]
-
-
-def _init_args(class_path: str | None) -> list[str]:
-    if not class_path:
-        return []
-    module, _, name = class_path.rpartition(".")
-    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters.values()
-    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 if __name__ == "__main__":

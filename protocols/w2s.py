@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from lightning_modules.reward.objectives import resolve_objective_class
+from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from protocols.run_files import OutDirLock, atomic_write, atomic_write_json, is_global_zero, read_json
 from protocols.stage_identity import digest, identity_diff, resolve_cli_config, stage_identity
 
@@ -57,10 +57,9 @@ class Method:
     def objective_class_path(self) -> str:
         """The dotted path `--model.objective` takes, whatever form `objective` was given in."""
         try:
-            cls = resolve_objective_class(self.objective)
+            return objective_class_path(self.objective)
         except ValueError as err:
             raise ValueError(f"method {self.name!r}: objective: {err}") from None
-        return f"{cls.__module__}.{cls.__qualname__}"
 
     def cli_args(self) -> list[str]:
         objective = {"class_path": self.objective_class_path(), "init_args": self.objective_args}
