@@ -45,8 +45,10 @@ def parse_table(markdown: str) -> dict[str, dict[str, float]]:
     return rows
 
 
-def table_differences(documented: dict, measured: dict, tolerance: float) -> list[str]:
-    """Every cell of the documented table that the measured one lacks or misses by more than `tolerance`."""
+def table_differences(documented: dict, measured: dict, tolerance) -> list[str]:
+    """Every cell of the documented table that the measured one lacks or misses by more than `tolerance`: a number,
+    or a function (column, documented value) -> allowed absolute deviation, for tables mixing units."""
+    allowed = tolerance if callable(tolerance) else (lambda col, value: tolerance)
     problems = []
     for row, cols in documented.items():
         if row not in measured:
@@ -54,6 +56,6 @@ def table_differences(documented: dict, measured: dict, tolerance: float) -> lis
             continue
         for col, value in cols.items():
             got = measured[row].get(col)
-            if got is None or not math.isclose(got, value, abs_tol=tolerance):
+            if got is None or not math.isclose(got, value, rel_tol=0.0, abs_tol=allowed(col, value)):
                 problems.append(f"{row} / {col}: documented {value}, measured {got}")
     return problems

@@ -42,4 +42,5 @@ def test_marked_tables_parse_and_name_their_command(page, name):
     assert rows and all(rows.values())
     text = open(os.path.join(ROOT, "docs", page), encoding="utf-8").read()
     before = text[:text.index(f"<!-- table: {name} -->")]
-    assert "Command" in before[-1500:], f"docs/{page}: the table {name!r} must follow the command that regenerates it"
+    section = before[before.rindex("\n#"):]  # from the table's heading on
+    assert "Command:" in section, f"docs/{page}: the section of table {name!r} must name the command that regenerates it"

@@ -1,0 +1,34 @@
+"""The documented Part A tables, regenerated (slow; `make test-slow`).
+
+The shipped demo (`make demo`, seed 0) must reproduce the table in docs/results.md marked `w2s-demo`. On one machine
+the run is deterministic (the same table to the last digit). The tolerance absorbs float-rounding differences between
+CPUs and BLAS builds: 1 percent point (3 of the 300 test pairs per domain) on accuracies and gains, far below the
+spread between seeds (2–9 points per column, docs/results.md); 0.03 on PGR; 10 % on the drift measures.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.doc_tables import ROOT, documented_table, parse_table, table_differences
+
+pytestmark = pytest.mark.slow
+
+
+def tolerance(column: str, value: float) -> float:
+    if column == "PGR":
+        return 0.03
+    if "drift" in column:
+        return 0.1 * abs(value)
+    return 1.0  # percent points
+
+
+def test_make_demo_reproduces_the_documented_table(tmp_path):
+    out = tmp_path / "w2s_demo"
+    subprocess.run([sys.executable, "-m", "protocols.w2s", "--config", "configs/experiment/w2s_demo.yaml",
+                    f"--out_dir={out}"], cwd=ROOT, check=True)
+    measured = parse_table(open(os.path.join(out, "results.md"), encoding="utf-8").read())
+    documented = parse_table(documented_table("results.md", "w2s-demo"))
+    assert set(documented) == set(measured), (sorted(documented), sorted(measured))
+    assert table_differences(documented, measured, tolerance) == []
