@@ -1,4 +1,5 @@
-"""The files of a protocol run: who may write them, how, and the lock that keeps a second run off an out_dir.
+"""The files of a protocol run: who may write them (global rank 0) and the lock that keeps a second run off an
+out_dir; atomic writes are `datamodules.atomic_files`.
 
 Under `--trainer.strategy ddp` Lightning re-executes the whole command line in one child process per extra
 device, so every rank runs the protocol's orchestration (every rank must train and test). Only global rank 0
@@ -12,7 +13,6 @@ import json
 import os
 import socket
 import warnings
-from typing import Union
 
 
 def is_global_zero() -> bool:
@@ -26,23 +26,6 @@ def is_global_zero() -> bool:
     if "LOCAL_RANK" in os.environ or "NODE_RANK" in os.environ:
         return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
     return int(os.environ.get("SLURM_PROCID", 0)) == 0
-
-
-def atomic_write(path: str, data: Union[str, bytes]) -> None:
-    """Replace `path` by `data` in one step. Callers write on global rank 0 only."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def atomic_write_json(payload: dict, path: str) -> None:
-    atomic_write(path, json.dumps(payload, indent=2) + "\n")
 
 
 def read_json(path: str):

@@ -29,7 +29,8 @@ from typing import Any, Optional
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
-from protocols.run_files import OutDirLock, atomic_write, atomic_write_json, is_global_zero, read_json
+from datamodules.atomic_files import atomic_write, atomic_write_json
+from protocols.run_files import OutDirLock, is_global_zero, read_json
 from protocols.stage_identity import digest, identity_diff, resolve_cli_config, stage_identity
 
 

@@ -11,7 +11,7 @@ import os
 import statistics
 from typing import Any, Optional
 
-from protocols.run_files import atomic_write, atomic_write_json
+from datamodules.atomic_files import atomic_write, atomic_write_json
 
 
 def row_scores(stage: dict, id_source: str, is_teacher: bool) -> dict[str, float]:

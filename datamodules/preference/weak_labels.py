@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from datamodules.atomic_files import atomic_write_json
 from datamodules.preference.collate import PairCollator
 from datamodules.preference.pair_tokenization import PairTokenizer
 from datamodules.preference.records import fingerprint
@@ -94,20 +95,8 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
         "labels": labels,
         "teacher_margins": teacher_margins,
     }
-    atomic_write_json(payload, out_path)
+    atomic_write_json(payload, out_path, indent=None)  # large: no indentation
     return payload
-
-
-def atomic_write_json(payload: dict, path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(payload, f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def gold_agreement(labels: dict) -> float:

@@ -20,6 +20,7 @@ from lightning_modules.reward.backbones import (
     QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
 from lightning_modules.reward.heads import Pooling, RewardHead
+from datamodules.atomic_files import atomic_write_json
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.fast.length_buckets import bucketed_scores
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
@@ -241,9 +242,7 @@ class RewardModelModule(LightningModule):
             if "transfer" in results:
                 rank_zero_info(format_transfer_table(results["transfer"], self.trainer.datamodule.source))
             if log_dir:
-                os.makedirs(log_dir, exist_ok=True)
-                with open(os.path.join(log_dir, "test_results.json"), "w") as f:
-                    json.dump(results, f, indent=2)
+                atomic_write_json(results, os.path.join(log_dir, "test_results.json"))
 
     # ---- optimisation, checkpoints -----------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
