@@ -143,17 +143,38 @@ def test_keep_layers_loads_the_pretrained_lower_layers():
     assert any(name.startswith("encoder.layer.5.") for name in full_state)
 
 
-def test_no_trainable_parameter_is_driven_by_noise(word_tokenizer_dir, cache_dir):
-    """Pairwise objectives see rewards only through r(a) − r(b): a parameter that shifts every reward alike (a head
-    bias) gets a gradient of pure float noise, which Adam turns into lr-sized steps. In float64 every trainable
-    parameter's gradient must be a real signal, not rounding."""
+@pytest.mark.parametrize("backbone, pooling", [("tiny-qwen2", "last"), ("tiny-llama", "last"), ("tiny-gpt2", "last"),
+                                               ("tiny-gpt2", "mean"), ("minilm", "mean")])
+def test_no_trainable_parameter_is_driven_by_noise(word_tokenizer_dir, cache_dir, backbone, pooling):
+    """Pairwise objectives see rewards only through r(a) − r(b), and attention logits only up to a per-query constant:
+    a parameter that shifts every reward alike (a head bias, a final LayerNorm's bias) or every key alike (a key bias
+    without rotary embeddings) gets a gradient of pure float noise, which Adam turns into lr-sized steps. In float64
+    every trainable parameter's gradient, and each third of GPT-2's fused q|k|v bias, must be a real signal or
+    exactly 0, never rounding."""
     pl.seed_everything(0)
-    model = tiny_model(word_tokenizer_dir).double()
-    dm = tiny_data(word_tokenizer_dir, cache_dir)
+    tok = "minilm" if backbone == "minilm" else word_tokenizer_dir
+    extra = dict(keep_layers=2) if backbone == "minilm" else {}
+    model = tiny_model(tok, backbone=backbone, pooling=pooling, **extra).double()
+    dm = tiny_data(tok, cache_dir)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     model.pair_margins(batch).sigmoid().log().neg().mean().backward()
-    grads = {n: p.grad.abs().max().item() for n, p in model.named_parameters() if p.requires_grad}
+    grads = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.grad is not None:  # BERT's pooler is unused: no gradient at all, never updated
+            parts = p.grad.chunk(3) if name.endswith("c_attn.bias") else (p.grad,)
+            grads.update({f"{name}[{i}]": g.abs().max().item() for i, g in enumerate(parts)})
     scale = max(grads.values())
     assert model.head.score.bias is None
-    assert not [n for n, g in grads.items() if g < 1e-9 * scale], grads
+    assert not [n for n, g in grads.items() if 0 < g < 1e-9 * scale], grads
+    if backbone == "tiny-gpt2":  # the key third is exactly 0, the query and value thirds are real
+        n_layers = model.backbone.config.n_layer
+        assert [n for n, g in grads.items() if g == 0] == [f"backbone.h.{i}.attn.c_attn.bias[1]" for i in range(n_layers)]
+
+
+@pytest.mark.parametrize("kwargs", [dict(center_rewards_coef=0.1), dict(anchor_coef=1.0)])
+def test_final_norm_bias_trains_when_it_matters(word_tokenizer_dir, kwargs):
+    """Reward centering sees absolute rewards and a last-layer anchor sees the final hidden state: there the final
+    LayerNorm's bias has a real gradient and stays trainable."""
+    assert tiny_model(word_tokenizer_dir, backbone="tiny-gpt2", **kwargs).backbone.ln_f.bias.requires_grad
+    assert not tiny_model(word_tokenizer_dir, backbone="tiny-gpt2").backbone.ln_f.bias.requires_grad

@@ -121,6 +121,10 @@ class RewardModelModule(LightningModule):
         if lora is not None:
             self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
         self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
+        anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
+        if center_rewards_coef == 0 and not anchors_last:
+            _freeze_reward_offset(self.backbone)
+        _freeze_key_biases(self.backbone)
         self.head = RewardHead(hidden_size(self.backbone), pooling)
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
@@ -281,6 +285,38 @@ class RewardModelModule(LightningModule):
         self.backbone.get_input_embeddings().requires_grad_(False)
         for layer in _transformer_layers(self.backbone)[:k]:
             layer.requires_grad_(False)
+
+
+def _freeze_reward_offset(backbone: nn.Module) -> None:
+    """Freeze the bias of the backbone's final LayerNorm (GPT-2's `ln_f`, BERT's last output LayerNorm).
+
+    It adds the same vector to every pooled hidden state, so it shifts every reward by the same w·b, which cancels in
+    r(a) − r(b): under the pairwise objectives its gradient is float noise (exactly 0 or not, by the luck of
+    rounding) that AdamW would turn into lr-sized steps, like the head's bias (`RewardHead`). It does matter to
+    reward centering and to an anchor on the last layer, whose callers keep it trainable. RMSNorm backbones (Qwen2,
+    Llama) have no such bias.
+    """
+    norms = [m for m in backbone.modules() if isinstance(m, nn.LayerNorm) and m.bias is not None]
+    if norms:
+        norms[-1].bias.requires_grad_(False)  # registration order: the last one produces last_hidden_state
+
+
+def _freeze_key_biases(backbone: nn.Module) -> None:
+    """Attention key biases without rotary embeddings add q·b to every logit of a query alike, which the softmax
+    removes: their gradient is float noise by construction. Freeze BERT's `key.bias`; zero the key third of GPT-2's
+    fused `c_attn.bias` gradient (a slice cannot be frozen). Rotary backbones (Qwen2) rotate the bias per position,
+    so theirs is a real parameter and stays."""
+    for name, module in backbone.named_modules():
+        bias = getattr(module, "bias", None)
+        if not isinstance(bias, nn.Parameter) or not bias.requires_grad:
+            continue
+        if name.endswith("attention.self.key"):
+            bias.requires_grad_(False)
+        elif name.endswith("attn.c_attn") and not getattr(backbone.config, "add_cross_attention", False):
+            width = bias.shape[0] // 3  # (q | k | v)
+            keep = torch.ones_like(bias)
+            keep[width:2 * width] = 0
+            bias.register_hook(lambda grad, keep=keep: grad * keep.to(grad.dtype))
 
 
 def _transformer_layers(backbone: nn.Module) -> nn.ModuleList:
