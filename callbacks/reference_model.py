@@ -117,25 +117,27 @@ class ReferenceModelCallback(Callback):
 
     @torch.no_grad()
     def selected_hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
-                               layer_ids: Sequence[int], keys: Optional[Sequence[Hashable]] = None
-                               ) -> list[torch.Tensor]:
+                               layer_ids: Sequence[int], keys: Optional[Sequence[Hashable]] = None,
+                               prefix: Optional[tuple] = None) -> list[torch.Tensor]:
         """The reference's hidden states `layer_ids` (0 = embeddings) at the positions where `select` (N, T) is
         set, rows in order: one (n_selected, H) tensor per layer, the rows of `hidden_states[l][select]`.
 
         With `cache_outputs` and `keys` (one per row, the same for the same sequence in every epoch), only rows
-        never seen run through the reference; the others are read back from the cache.
+        never seen run through the reference; the others are read back from the cache. `prefix` = (family, k,
+        h_k (N, T, H)) is the student's hidden state k from a frozen prefix the reference shares
+        (lightning_modules/fast/frozen_prefix.py): the reference then runs layers k+1..L only.
         """
         select = select.bool()
         if not (self.cache_outputs and keys is not None):
-            hidden = self(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+            hidden = self._hidden_states(input_ids, attention_mask, prefix)
             return [hidden[l][select] for l in layer_ids]
         if len(keys) != len(input_ids):
             raise ValueError(f"{len(keys)} cache keys for {len(input_ids)} rows")
         missing = [r for r, k in enumerate(keys) if k not in self._cache]
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
-            hidden = self(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          output_hidden_states=True).hidden_states
+            sub_prefix = None if prefix is None else (*prefix[:2], prefix[2][rows])
+            hidden = self._hidden_states(input_ids[rows], attention_mask[rows], sub_prefix)
             for j, r in enumerate(missing):  # host memory: the cache can outgrow an accelerator's
                 self._cache[keys[r]] = tuple(hidden[l][j][select[r]].cpu() for l in layer_ids)
         per_row = [self._cache[k] for k in keys]
@@ -145,6 +147,17 @@ class ReferenceModelCallback(Callback):
                 raise ValueError(f"reference cache: sequence {k!r} had {vals[0].shape[0]} selected positions, "
                                  f"now {n} (keys must identify one sequence)")
         return [torch.cat([vals[i] for vals in per_row]).to(input_ids.device) for i in range(len(layer_ids))]
+
+
+    def _hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: Optional[tuple]):
+        if prefix is None:
+            return self(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+        if self.reference is None or self.reference.model is None:
+            raise RuntimeError("a shared frozen prefix needs a copied reference (--reference.mode copy, no LoRA)")
+        from lightning_modules.fast.frozen_prefix import upper_hidden_states
+
+        family, k, h_k = prefix
+        return upper_hidden_states(self.reference.model, family, k, h_k, attention_mask)  # under no_grad
 
 
 def find_reference_callback(trainer: Optional[Trainer]) -> Optional[ReferenceModelCallback]:

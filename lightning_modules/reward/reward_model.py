@@ -21,6 +21,7 @@ from lightning_modules.reward.backbones import (
 )
 from lightning_modules.reward.heads import Pooling, RewardHead
 from datamodules.atomic_files import atomic_write_json
+from lightning_modules.fast.frozen_prefix import FrozenPrefix, upper_hidden_states
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.fast.length_buckets import bucketed_scores
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
@@ -60,6 +61,13 @@ class RewardModelModule(LightningModule):
             queries, attention output and MLP at the pooled token only (every position still gives its keys and
             values): the same rewards and gradients to float rounding, ~20% fewer FLOPs for 4 layers. Other
             backbones (and LoRA, gradient checkpointing) use the full forward. The ANCHOR forward is always full.
+        share_frozen_prefix: with `freeze_layers` k, a training step runs the embeddings and layers 1..k once
+            and hands hidden state k to the student's upper layers and to the ANCHOR reference's (same losses
+            and gradients to float rounding). BERT-style encoders and Qwen2/Llama only; not with LoRA or
+            gradient checkpointing. The training step then ignores `length_buckets` / `last_token_scoring`.
+        cache_frozen_prefix: also memoise hidden state k per training sequence for the whole fit (host memory,
+            real positions only): from the second epoch on no prefix forward at all. Implies the sharing.
+        prefix_cache_max_mb: the cache's budget in MiB; past it new sequences are recomputed (one warning).
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -84,6 +92,9 @@ class RewardModelModule(LightningModule):
         ceiling_results: Optional[str] = None,
         length_buckets: int = 1,
         last_token_scoring: bool = True,
+        share_frozen_prefix: bool = False,
+        cache_frozen_prefix: bool = False,
+        prefix_cache_max_mb: float = 2048.0,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
@@ -120,6 +131,15 @@ class RewardModelModule(LightningModule):
             self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora is not None:
             self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
+        self.frozen_prefix: Optional[FrozenPrefix] = None  # a plain attribute: it holds the backbone, no weights
+        if share_frozen_prefix or cache_frozen_prefix:
+            if gradient_checkpointing:
+                raise ValueError("--model.share_frozen_prefix / --model.cache_frozen_prefix do not support "
+                                 "--model.gradient_checkpointing; turn one of them off")
+            if lora is not None:
+                raise ValueError("--model.share_frozen_prefix / --model.cache_frozen_prefix do not support "
+                                 "--model.lora (adapters make the lower layers trainable); turn them off")
+            self.frozen_prefix = FrozenPrefix(self.backbone, freeze_layers, cache_frozen_prefix, prefix_cache_max_mb)
         self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
         anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
         if center_rewards_coef == 0 and not anchors_last:
@@ -162,7 +182,11 @@ class RewardModelModule(LightningModule):
     # ---- training ----------------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         anchored = self.anchor_coef > 0
-        rewards, hidden = self(batch["input_ids"], batch["attention_mask"], output_hidden_states=anchored)
+        prefix = None
+        if self.frozen_prefix is not None:
+            rewards, hidden, prefix = self._forward_from_prefix(batch)
+        else:
+            rewards, hidden = self(batch["input_ids"], batch["attention_mask"], output_hidden_states=anchored)
         r_a, r_b = rewards.chunk(2)
         margin = r_a - r_b  # (B,)
         pref_loss = self.objective(margin, batch["labels"], self._progress())
@@ -173,7 +197,7 @@ class RewardModelModule(LightningModule):
             loss = loss + self.center_rewards_coef * center
             logs["train/center_loss"] = center
         if anchored:
-            anchor = self.anchor_loss(batch, hidden)
+            anchor = self.anchor_loss(batch, hidden, prefix)
             loss = loss + self.anchor_coef * anchor
             logs["train/anchor_loss"] = anchor
             logs["train/anchor_term"] = self.anchor_coef * anchor.detach()
@@ -182,7 +206,18 @@ class RewardModelModule(LightningModule):
         self.log_dict(logs, prog_bar=False, batch_size=margin.shape[0])
         return loss
 
-    def anchor_loss(self, batch: dict, hidden: tuple) -> torch.Tensor:
+    def _forward_from_prefix(self, batch: dict) -> tuple:
+        """Rewards (N,), hidden states (None below k) and the prefix (family, k, h_k) the reference reuses."""
+        fp, mask = self.frozen_prefix, batch["attention_mask"]
+        h_k = fp(batch["input_ids"], mask, _row_keys(batch))  # (N, T, H), no grad: frozen
+        hidden = upper_hidden_states(self.backbone, fp.family, fp.k, h_k, mask)
+        return self.head(hidden[-1], mask), hidden, (fp.family, fp.k, h_k)
+
+    def on_fit_start(self) -> None:
+        if self.frozen_prefix is not None:
+            self.frozen_prefix.clear()  # the weights may have been loaded since the last fit
+
+    def anchor_loss(self, batch: dict, hidden: tuple, prefix: Optional[tuple] = None) -> torch.Tensor:
         """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b.
 
         Each layer's term is the mean of (h − h_ref)² over the response tokens and hidden units of the batch
@@ -193,10 +228,8 @@ class RewardModelModule(LightningModule):
             raise RuntimeError("--model.anchor_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
                                "in the trainer's callbacks (cli.py always adds it)")
         select = batch["response_mask"].bool()  # (2B, T)
-        index = batch["index"].tolist()  # rows are (a_1..a_B, b_1..b_B); a pair's order is fixed across epochs
-        keys = [("a", i) for i in index] + [("b", i) for i in index]
         ref = reference.selected_hidden_states(batch["input_ids"], batch["attention_mask"], select,
-                                               self.anchor_layer_ids, keys)
+                                               self.anchor_layer_ids, _row_keys(batch), prefix)
         terms = [selected_mse(hidden[l][select], r) for l, r in zip(self.anchor_layer_ids, ref)]
         return torch.stack(terms).mean()
 
@@ -285,6 +318,13 @@ class RewardModelModule(LightningModule):
         self.backbone.get_input_embeddings().requires_grad_(False)
         for layer in _transformer_layers(self.backbone)[:k]:
             layer.requires_grad_(False)
+
+
+def _row_keys(batch: dict) -> list:
+    """One key per row, the same for a sequence in every epoch: rows are (a_1..a_B, b_1..b_B), and a pair's order
+    is fixed across epochs although batches are regrouped."""
+    index = batch["index"].tolist()
+    return [("a", i) for i in index] + [("b", i) for i in index]
 
 
 def _freeze_reward_offset(backbone: nn.Module) -> None:
