@@ -9,6 +9,11 @@ Variants (each a fresh process, interleaved; same data, weights and steps; fp32,
                  which fills the cache, costs what anchor_copy costs; it runs untimed before the window)
     naive_lora   LoRA (r 16, all linear layers), anchor_coef 0
     anchor_lora  LoRA + ANCHOR against the same weights with the adapters disabled (no copy)
+Frozen-prefix setting (`--model.freeze_layers`, default 3 of 4: embeddings and layers 1..3 frozen, like the
+W2S student's 4 of 6), `--variants` starting with fp_ (the cached ones are timed in the second epoch):
+    fp_naive / fp_naive_cached        anchor_coef 0, plain / `--model.cache_frozen_prefix`
+    fp_anchor / fp_anchor_shared / fp_anchor_cached   ANCHOR (λ 1, last layer), plain / prefix run once and
+                 handed to the reference (`--model.share_frozen_prefix`) / prefix memoised per sequence
 All use one padded forward per step (`length_buckets` 1; the anchored forward needs every token's hidden state).
 Memory: the peak RSS of the process, and the training increment = peak RSS sampled every 2 ms during `fit`
 minus the RSS just before it (imports, data and the model itself are common to all variants and would hide the
@@ -34,7 +39,15 @@ VARIANTS = {
     "anchor_copy_cached": dict(anchor_coef=1.0, cache_outputs=True),
     "naive_lora": dict(anchor_coef=0.0, lora=True),
     "anchor_lora": dict(anchor_coef=1.0, lora=True),
+    "fp_naive": dict(anchor_coef=0.0, frozen=True),
+    "fp_naive_cached": dict(anchor_coef=0.0, frozen=True, cache_frozen_prefix=True),
+    "fp_anchor": dict(anchor_coef=1.0, frozen=True),
+    "fp_anchor_shared": dict(anchor_coef=1.0, frozen=True, share_frozen_prefix=True),
+    "fp_anchor_cached": dict(anchor_coef=1.0, frozen=True, cache_frozen_prefix=True),
 }
+FROZEN_PREFIX_RATIOS = (("fp_naive_cached", "fp_naive"), ("fp_anchor", "fp_naive"), ("fp_anchor_shared", "fp_naive"),
+                        ("fp_anchor_cached", "fp_naive"), ("fp_anchor_shared", "fp_anchor"),
+                        ("fp_anchor_cached", "fp_anchor"))
 
 
 def current_rss_mb() -> float:
@@ -75,6 +88,9 @@ def worker(args, paths: dict) -> dict:
     cfg = dict(VARIANTS[args.variant])
     lora = LoraSpec() if cfg.pop("lora", False) else None
     cached = cfg.pop("cache_outputs", False)
+    if cfg.pop("frozen", False):
+        cfg["freeze_layers"] = args.freeze_layers
+    cached = cached or cfg.get("cache_frozen_prefix", False)
     dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
     torch.manual_seed(args.seed)
     model = C.reward_module(paths["tokenizer"], lr=args.lr, lora=lora, **cfg)
@@ -102,7 +118,17 @@ def worker(args, paths: dict) -> dict:
             "step_s_mean": round(seconds / len(items), 4), "rss_before_fit_mb": round(before, 1),
             "fit_peak_rss_mb": round(rss.peak, 1), "fit_increment_mb": round(rss.peak - before, 1),
             "peak_rss_mb": round(C.peak_rss_mb(), 1),
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "prefix_cache_mb_per_1k_pairs": prefix_cache_per_1k(model)}
+
+
+def prefix_cache_per_1k(model) -> float:
+    """MiB the frozen-prefix cache holds per 1,000 training pairs (2,000 sequences; after the first epoch it
+    holds every sequence seen)."""
+    fp = getattr(model, "frozen_prefix", None)
+    if fp is None or not fp.cache or len(fp) == 0:
+        return 0.0
+    return round(fp.bytes / len(fp) * 2000 / 2**20, 2)
 
 
 def main() -> None:
@@ -113,6 +139,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--freeze-layers", type=int, default=3, help="--model.freeze_layers of the fp_ variants")
     p.add_argument("--train-pairs", type=int, default=640)
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -126,13 +153,14 @@ def main() -> None:
         return
     C.preference_datamodule(paths, args.batch_size, 64).prepare_data()
     common = ["--worker", "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
-              "--warmup", str(args.warmup), "--train-pairs", str(args.train_pairs), "--work-dir", args.work_dir]
+              "--warmup", str(args.warmup), "--freeze-layers", str(args.freeze_layers), "--train-pairs", str(args.train_pairs), "--work-dir", args.work_dir]
     runs = C.interleave(args.variants, args.repeats,
                         lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)]), C.eprint)
     keys = ("step_s_median", "step_s_mean", "fit_increment_mb", "fit_peak_rss_mb", "peak_rss_mb")
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     ratios = {}
-    for anchored, naive in (("anchor_copy", "naive"), ("anchor_copy_cached", "naive"), ("anchor_lora", "naive_lora")):
+    for anchored, naive in (("anchor_copy", "naive"), ("anchor_copy_cached", "naive"), ("anchor_lora", "naive_lora"),
+                            *FROZEN_PREFIX_RATIOS):
         if anchored in runs and naive in runs:
             ratios[f"{anchored}/{naive}"] = {
                 k: round(table[anchored][k]["median"] / table[naive][k]["median"], 3) for k in keys}
