@@ -16,14 +16,14 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_modules.reward.backbones import (
-    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
-)
-from lightning_modules.reward.heads import Pooling, RewardHead
 from datamodules.atomic_files import atomic_write_json
 from lightning_modules.fast.frozen_prefix import FrozenPrefix, upper_hidden_states
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.fast.length_buckets import bucketed_scores
+from lightning_modules.reward.backbones import (
+    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
+)
+from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
 from lightning_modules.reward.metrics import PairwiseAccuracy, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
