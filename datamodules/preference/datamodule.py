@@ -466,6 +466,11 @@ def check_checkpoint_file(path: str, flag: str) -> None:
 
     if not os.path.isfile(path):
         raise ValueError(f"{flag} {path!r} does not exist")
-    if not zipfile.is_zipfile(path) or not any(n.endswith("data.pkl") for n in zipfile.ZipFile(path).namelist()):
+    try:
+        with zipfile.ZipFile(path) as archive:
+            is_checkpoint = any(n.endswith("data.pkl") for n in archive.namelist())
+    except zipfile.BadZipFile:
+        is_checkpoint = False
+    if not is_checkpoint:
         raise ValueError(f"{flag} {path!r} is not a torch checkpoint (a .ckpt written by Lightning's "
                          "trainer.save_checkpoint)")
