@@ -36,6 +36,40 @@ def test_hardening_keeps_the_weak_labels_class_balance():
     assert hardened_student_labels(margin, torch.full((4,), 0.76)).tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
+def test_quantile_hardening_matches_hand_computation():
+    # 1 − σ(Δ) = σ(−Δ) = [0.0474, 0.7311, 0.3775, 0.5, 0.1192]; sorted [0.0474, 0.1192, 0.3775, 0.5, 0.7311]
+    margin = torch.tensor([3.0, -1.0, 0.5, 0.0, 2.0])
+    # mean(q) = 0.7: quantile at position 0.7·4 = 2.8 -> 0.3775 + 0.8·(0.5 − 0.3775) = 0.4755; strictly below it:
+    # Δ = 3, 2, 0.5 -> 3 positives, where "top" gives round(0.7·5) = round(3.5) = 4 (half to even): off by one
+    q = torch.full((5,), 0.7)
+    assert hardened_student_labels(margin, q, "quantile").tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert hardened_student_labels(margin, q, "top").tolist() == [1.0, 0.0, 1.0, 1.0, 1.0]
+    # mean(q) = 0.5: position 2.0 -> t = 0.3775 exactly; strict -> Δ = 3, 2 only; "top": round(2.5) = 2, the same
+    q = torch.full((5,), 0.5)
+    assert hardened_student_labels(margin, q, "quantile").tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert hardened_student_labels(margin, q, "top").tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_quantile_hardening_on_ties_and_a_batch_of_one():
+    tied, q = torch.zeros(4), torch.full((4,), 0.5)
+    assert hardened_student_labels(tied, q, "quantile").tolist() == [0.0] * 4  # t equals every value: none below
+    assert hardened_student_labels(tied, q, "top").sum().item() == 2.0  # exactly round(0.5·4), ties broken by topk
+    one, sure = torch.tensor([5.0]), torch.tensor([1.0])
+    assert hardened_student_labels(one, sure, "quantile").tolist() == [0.0]
+    assert hardened_student_labels(one, sure, "top").tolist() == [1.0]
+    with pytest.raises(ValueError, match="hardening"):
+        ConfidenceW2S(hardening="median")
+
+
+def test_confidence_objective_uses_its_hardening_rule():
+    margin, q = torch.tensor([3.0, -1.0, 0.5, 0.0, 2.0]), torch.full((5,), 0.7)
+    bce = lambda m, t: -(t * math.log(1 / (1 + math.exp(-m))) + (1 - t) * math.log(1 / (1 + math.exp(m))))
+    for rule, hard in (("top", [1, 0, 1, 1, 1]), ("quantile", [1, 0, 1, 0, 1])):
+        objective = ConfidenceW2S(aux_coef=0.5, warmup_fraction=0.0, hardening=rule)
+        expected = sum(bce(m, 0.35 + 0.5 * h) for m, h in zip(margin.tolist(), hard)) / 5
+        assert objective(margin, q, progress=0.5).item() == pytest.approx(expected, abs=1e-6)
+
+
 def test_confidence_loss_matches_hand_computation():
     margin = torch.tensor([3.0, -1.0, 2.0, 0.0])
     q = torch.tensor([0.9, 0.2, 0.6, 0.3])

@@ -19,24 +19,34 @@ def soft_bradley_terry_loss(margin: torch.Tensor, q: torch.Tensor) -> torch.Tens
     return F.binary_cross_entropy_with_logits(margin, q.to(margin.dtype))
 
 
-def hardened_student_labels(margin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Burns et al.'s hardening, for pairs: the top mean(q) fraction of the batch by σ(Δ) gets 1, the rest 0.
+def hardened_student_labels(margin: torch.Tensor, q: torch.Tensor, rule: str = "top") -> torch.Tensor:
+    """Burns et al.'s hardening of the student's own predictions, for pairs (detached 0/1 labels, shape of Δ).
 
-    The threshold is the batch quantile that keeps the weak labels' class balance (ties at the threshold
-    are broken by order, so exactly round(mean(q)·B) pairs get label 1).
+    rule "top" (SPEC, the default): the top round(mean(q)·B) pairs of the batch by σ(Δ) get 1, the rest 0 -- the
+        weak labels' class balance exactly (round half to even); ties at the threshold are broken by `topk`.
+    rule "quantile" (openai/weak-to-strong's `logconf_loss_fn`): threshold t = the mean(q) quantile (linear
+        interpolation) of 1 − σ(Δ) over the batch; label 1 iff 1 − σ(Δ) < t, strictly. With B distinct margins
+        that is ceil(mean(q)·(B−1)) positives, not round(mean(q)·B) (B = 5, mean(q) = 0.7: 3 vs 4); tied margins
+        all fall on one side; a batch of one always gets 0.
     """
+    margin = margin.detach()
+    if rule == "quantile":
+        one_minus_p = torch.sigmoid(-margin.float())
+        threshold = torch.quantile(one_minus_p, q.float().mean().clamp(0.0, 1.0))
+        return (one_minus_p < threshold).to(margin.dtype)
+    if rule != "top":
+        raise ValueError(f"hardening rule must be 'top' or 'quantile', got {rule!r}")
     batch = margin.shape[0]
     n_pos = int(torch.round(q.float().mean() * batch).item())
     hard = torch.zeros_like(margin)
     if n_pos > 0:
-        top = torch.topk(margin.detach(), k=n_pos).indices
-        hard[top] = 1.0
+        hard[torch.topk(margin, k=n_pos).indices] = 1.0
     return hard
 
 
-def confidence_w2s_loss(margin: torch.Tensor, q: torch.Tensor, coef: float) -> torch.Tensor:
+def confidence_w2s_loss(margin: torch.Tensor, q: torch.Tensor, coef: float, rule: str = "top") -> torch.Tensor:
     """Confidence-based W2S: BCE-with-logits(Δ, (1−c)·q + c·ĥ) with ĥ the detached hardened student labels."""
-    target = (1.0 - coef) * q.to(margin.dtype) + coef * hardened_student_labels(margin, q)
+    target = (1.0 - coef) * q.to(margin.dtype) + coef * hardened_student_labels(margin, q, rule)
     return F.binary_cross_entropy_with_logits(margin, target)
 
 

@@ -101,17 +101,25 @@ class ConfidenceW2S(PreferenceObjective):
         aux_coef: final weight c of the student's own hardened labels in the target.
         warmup_fraction: fraction of training over which c ramps from 0 to aux_coef.
         ramp: shape of the ramp: "linear", "cosine" (smooth start and end) or "step" (0 then aux_coef).
+        hardening: how the student's predictions become 0/1 labels: "top" (SPEC: the top round(mean(q)·B) of
+            the batch by σ(Δ)) or "quantile" (openai/weak-to-strong: 1 − σ(Δ) strictly below its mean(q)
+            quantile); they differ by one label on some batch sizes, on ties and on a batch of one
+            (`losses.hardened_student_labels`, docs/w2s.md).
     """
 
     def __init__(self, aux_coef: float = 0.5, warmup_fraction: float = 0.1,
-                 ramp: Literal["linear", "cosine", "step"] = "linear"):
+                 ramp: Literal["linear", "cosine", "step"] = "linear",
+                 hardening: Literal["top", "quantile"] = "top"):
         if not 0.0 <= aux_coef <= 1.0:
             raise ValueError(f"--model.objective.init_args.aux_coef must be in [0, 1], got {aux_coef}")
         if not 0.0 <= warmup_fraction <= 1.0:
             raise ValueError(f"--model.objective.init_args.warmup_fraction must be in [0, 1], got {warmup_fraction}")
         if ramp not in ("linear", "cosine", "step"):
             raise ValueError(f"--model.objective.init_args.ramp must be linear, cosine or step, got {ramp!r}")
+        if hardening not in ("top", "quantile"):
+            raise ValueError(f"--model.objective.init_args.hardening must be top or quantile, got {hardening!r}")
         self.aux_coef, self.warmup_fraction, self.ramp = aux_coef, warmup_fraction, ramp
+        self.hardening = hardening
 
     def coef(self, progress: float) -> float:
         if self.warmup_fraction == 0 or progress >= self.warmup_fraction:
@@ -124,4 +132,4 @@ class ConfidenceW2S(PreferenceObjective):
         return self.aux_coef * t
 
     def __call__(self, margin, q, progress):
-        return confidence_w2s_loss(margin, q, self.coef(progress))
+        return confidence_w2s_loss(margin, q, self.coef(progress), self.hardening)
