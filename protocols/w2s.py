@@ -244,15 +244,14 @@ def backbone_layer_count(a: dict) -> int:
 
 
 def _check_data(data: dict) -> None:
-    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
+    from datamodules.preference.sources import is_known_source, known_sources_hint
 
     a = data.get("init_args") or {}
     if "source" not in a:
         return
-    _import_builtin_sources()
     for flag, name in [("--data.source", a["source"])] + [("--data.ood_targets", t) for t in a["ood_targets"]]:
-        if name not in SOURCES:
-            raise ValueError(f"{flag}: unknown preference source {name!r}; known sources: {sorted(SOURCES)}")
+        if not is_known_source(name):
+            raise ValueError(f"{flag}: unknown preference source {name!r}; {known_sources_hint()}")
 
 
 # ---- reuse or run -------------------------------------------------------------------------------------------------

@@ -446,12 +446,11 @@ def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, v
         raise ValueError(f"--data.max_pairs takes positive caps for train/validation/test, got {max_pairs}")
     if batch_size < 1 or eval_batch_size < 1:
         raise ValueError("--data.batch_size and --data.eval_batch_size must be >= 1")
-    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
+    from datamodules.preference.sources import is_known_source, known_sources_hint
 
-    _import_builtin_sources()
     for flag, name in [("--data.source", source)] + [("--data.ood_targets", t) for t in ood_targets]:
-        if name not in SOURCES:
-            raise DataError(f"{flag}: unknown preference source {name!r}; known sources: {sorted(SOURCES)}")
+        if not is_known_source(name):
+            raise DataError(f"{flag}: unknown preference source {name!r}; {known_sources_hint()}")
     known = {source, *ood_targets}
     for flag, mapping in (("--data.local_dirs", local_dirs), ("--data.source_options", source_options)):
         extra = set(mapping) - known

@@ -37,9 +37,11 @@ class PairwiseAccuracy(Metric):
         return index[first], correct[first]
 
     def compute(self) -> torch.Tensor:
-        _, correct = self._unique()
-        # compute() sees the states gathered from every process; keep the count of distinct pairs too.
+        index, correct = self._unique()
+        # compute() sees the states gathered from every process; keep the count of distinct pairs too, and the
+        # outcome per pair (per-subset accuracy: lightning_modules.reward.subset_report).
         self.pairs_counted = int(correct.numel())
+        self.pair_outcomes = (index, correct)
         if correct.numel() == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
         return correct.mean()

@@ -27,6 +27,7 @@ from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
 from lightning_modules.reward.metrics import PairwiseAccuracy, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
+from lightning_modules.reward.subset_report import format_subset_tables, subset_log_dict, subset_report
 
 
 class RewardModelModule(LightningModule):
@@ -266,6 +267,9 @@ class RewardModelModule(LightningModule):
             acc = metric.compute()
             results[name] = {"acc": float(acc), "pairs": metric.pairs_counted}
             self.log(f"test/acc/{name}", acc.float(), add_dataloader_idx=False, rank_zero_only=False)
+            results[name].update(subset_report(self.trainer.datamodule, name, *metric.pair_outcomes))
+            if "subsets" in results[name]:  # RewardBench's subsets and sections, a local file's `subset` column
+                self.log_dict(subset_log_dict(name, results[name]), add_dataloader_idx=False, rank_zero_only=False)
             metric.reset()
         if self.transfer is not None:
             scores = self.transfer.compute()
@@ -275,7 +279,8 @@ class RewardModelModule(LightningModule):
         self.test_results = results
         log_dir = self.trainer.log_dir  # a collective call under DDP: every rank asks
         if self.trainer.is_global_zero:
-            rank_zero_info(format_accuracy_table(results, self.trainer.datamodule.source))
+            rank_zero_info(format_accuracy_table(results, self.trainer.datamodule.source)
+                           + format_subset_tables(results))
             if "transfer" in results:
                 rank_zero_info(format_transfer_table(results["transfer"], self.trainer.datamodule.source))
             if log_dir:

@@ -10,6 +10,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Optional, Union
+from urllib.parse import quote, unquote
 
 from datamodules.preference.records import CANONICAL_SPLITS
 
@@ -26,6 +27,8 @@ class SourceSplit:
 
 
 SOURCES: dict[str, type["PreferenceSource"]] = {}
+# Sources named by a prefix and a path ("local:/data/prefs.jsonl"): prefix -> class built from the whole name.
+SOURCE_PREFIXES: dict[str, type["PreferenceSource"]] = {}
 
 
 def register_source(cls: type["PreferenceSource"]) -> type["PreferenceSource"]:
@@ -38,14 +41,30 @@ def register_source(cls: type["PreferenceSource"]) -> type["PreferenceSource"]:
 def build_source(name: str, local_dir: Optional[str] = None, **options: Any) -> "PreferenceSource":
     """Instantiate a registered source by name (`local_dir`: files instead of the hub)."""
     _import_builtin_sources()
+    for prefix, cls in SOURCE_PREFIXES.items():
+        if name.startswith(prefix):
+            return cls(name, local_dir=local_dir, **options)
     if name not in SOURCES:
-        raise DataError(f"unknown preference source {name!r}; known sources: {sorted(SOURCES)}")
+        raise DataError(f"unknown preference source {name!r}; {known_sources_hint()}")
     return SOURCES[name](local_dir=local_dir, **options)
+
+
+def is_known_source(name: str) -> bool:
+    """A registered name, or a name of a registered prefix (`local:<path>`; the path is checked when loading)."""
+    _import_builtin_sources()
+    return name in SOURCES or any(name.startswith(p) and len(name) > len(p) for p in SOURCE_PREFIXES)
+
+
+def known_sources_hint() -> str:
+    forms = "".join(f", or {p}<path>" for p in SOURCE_PREFIXES)
+    return f"known sources: {sorted(SOURCES)}{forms}"
 
 
 def _import_builtin_sources() -> None:
     # Importing the modules registers their sources; kept lazy so `records`/`base` stay import-light.
     import datamodules.preference.sources.hub  # noqa: F401
+    import datamodules.preference.sources.local_files  # noqa: F401
+    import datamodules.preference.sources.rewardbench  # noqa: F401
     import datamodules.preference.sources.synthetic  # noqa: F401
 
 
@@ -82,6 +101,20 @@ class PreferenceSource:
             raise DataError(
                 f"{self.name}: {origin} is missing column(s) {missing}; columns found: {sorted(columns)}"
             )
+
+    # ---- subsets: per-subset accuracy in `cli.py test` (RewardBench's subsets, a local file's `subset` column) --
+    subset_keys: ClassVar[bool] = False  # True: record keys are `subset_key(subset, row_key)`
+
+    def subset_of(self, record_id: str) -> Optional[str]:
+        """The subset of one of this source's records (from its id), or None when the source has no subsets."""
+        if not self.subset_keys:
+            return None
+        key = record_id[len(self.name) + 1:].split("/", 1)[1]  # "<name>/<split>/<key>"; names may hold "/"
+        return parse_subset_key(key)
+
+    def summarize_subsets(self, subsets: dict[str, dict]) -> dict:
+        """Scores a source defines over its per-subset accuracies (RewardBench: its sections); none by default."""
+        return {}
 
     # ---- shared machinery ------------------------------------------------------------------------------
     def available_splits(self) -> list[str]:
@@ -140,6 +173,16 @@ class PreferenceSource:
         return ds.to_list()
 
 
+def subset_key(subset: Optional[str], row_key: Any) -> str:
+    """A record key that carries its subset: both parts quoted, so the key holds a "/" only between them."""
+    row = quote(str(row_key), safe="")
+    return row if subset is None else f"{quote(subset, safe='')}/{row}"
+
+
+def parse_subset_key(key: str) -> Optional[str]:
+    return unquote(key.split("/", 1)[0]) if "/" in key else None
+
+
 def find_split_file(directory: str, stems: list[str], source: str) -> str:
     if not os.path.isdir(directory):
         raise DataError(f"{source}: local data directory {directory!r} does not exist")
@@ -156,7 +199,9 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
 
 
 def read_table(path: str) -> list[dict]:
-    """Rows of a jsonl / json-lines or parquet file; a malformed line is reported with its number."""
+    """Rows of a jsonl / json-lines / JSON-array or parquet file; a malformed line is reported with its number."""
+    if path.endswith(".json") and _starts_with(path, "["):
+        return _read_json_array(path)
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -176,4 +221,23 @@ def read_table(path: str) -> list[dict]:
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             rows.append(row)
+    return rows
+
+
+def _starts_with(path: str, char: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(char)
+
+
+def _read_json_array(path: str) -> list[dict]:
+    """A .json file holding one JSON array of row objects (what `json.dump(rows)` or pandas' `to_json` write)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            rows = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from err
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise DataError(f"{path}: item {bad} of the JSON array is a {type(rows[bad]).__name__}, not an object")
     return rows
