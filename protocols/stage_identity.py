@@ -19,6 +19,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 LOCATION_KEYS = {
     "trainer.default_root_dir", "trainer.logger.init_args.save_dir", "trainer.logger.init_args.name",
     "trainer.logger.init_args.version", "data.init_args.cache_dir",
+    "trainer.logger.init_args.default_hp_metric",  # logging only: Lightning's placeholder HPARAMS session
     # upstream outputs: their producing stage's identity stands for them (see `stage_identity`)
     "data.init_args.teacher_checkpoint", "model.init_args.ceiling_results",
 }

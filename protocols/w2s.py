@@ -31,7 +31,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.run_files import OutDirLock, is_global_zero, read_json
-from protocols.stage_identity import digest, identity_diff, resolve_cli_config, stage_identity
+from protocols.stage_identity import LOCATION_KEYS, digest, identity_diff, resolve_cli_config, stage_identity
 
 
 @dataclass
@@ -148,8 +148,10 @@ class Stage:
         return os.path.join(self.dir, "result.json")
 
     def location_args(self, version: str) -> list[str]:
-        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints."""
+        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints. No
+        placeholder HPARAMS session per run: the protocol writes one per stage with its scores (protocols.hparams)."""
         return ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+                "--trainer.logger.init_args.default_hp_metric=false",
                 f"--trainer.logger.init_args.save_dir={self.dir}", "--trainer.logger.init_args.name=",
                 f"--trainer.logger.init_args.version={version}", f"--trainer.default_root_dir={self.dir}"]
 
@@ -263,7 +265,10 @@ def _changes(finished: dict, identity: dict) -> list[str]:
     """How the finished stage's recorded identity differs from `identity` (only the keys `identity` has)."""
     if "identity" not in finished:
         return ["identity: not recorded (a result of an older protocol version)"]
-    return identity_diff({k: finished["identity"].get(k) for k in identity}, identity)
+    old = {k: finished["identity"].get(k) for k in identity}
+    if isinstance(old.get("config"), dict):  # a key made a location key since (logging only) is no change
+        old["config"] = {k: v for k, v in old["config"].items() if k not in LOCATION_KEYS}
+    return identity_diff(old, identity)
 
 
 def _refuse(changed: list[tuple[Stage, list[str]]]) -> None:
@@ -376,6 +381,7 @@ def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
 # ---- the protocol -------------------------------------------------------------------------------------------------
 def run_protocol(p: W2SProtocol, force: bool = False) -> dict:
     """Every stage, then the results; returns the results (every rank computes the same ones)."""
+    from protocols.hparams import write_hparams
     from protocols.w2s_report import summarize, write_reports
 
     stages = plan_stages(p)
@@ -395,6 +401,7 @@ def run_protocol(p: W2SProtocol, force: bool = False) -> dict:
         results = summarize(p, done)
         if rank0:
             write_reports(p.out_dir, results)
+            write_hparams(p.out_dir, stages, done, results["id_source"])  # TensorBoard's HPARAMS tab
     return results
 
 
