@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.reference_model import FrozenReference, ReferenceModelCallback
-from lightning_modules.fast.frozen_prefix import FrozenPrefix, prefix_hidden, upper_hidden_states
+from lightning_modules.fast.frozen_prefix import FrozenPrefix, check_supported, prefix_hidden, upper_hidden_states
 from lightning_modules.reward.backbones import LoraSpec, build_backbone
-from lightning_modules.reward.reward_model import _transformer_layers
+from lightning_modules.reward.reward_model import _embedding_modules, _transformer_layers
 from tests.helpers import quiet_trainer, synth_options, tiny_data, tiny_model
 
 THREE_LAYERS = {"num_hidden_layers": 3}
@@ -95,7 +95,6 @@ def _fit(tok, cache_dir, root, backbone, anchor_coef, **prefix_flags):
     if backbone == "minilm":  # the shipped encoder, cut to 3 layers, mean pooling (the W2S student's family)
         model = tiny_model("minilm", backbone="minilm", keep_layers=3, pooling="mean", anchor_coef=anchor_coef,
                            anchor_layers=[0.67, 1.0], freeze_layers=1)
-        model.backbone.embeddings.requires_grad_(False)  # all of them: freeze_layers leaves positions trainable
         if prefix_flags:
             model.frozen_prefix = FrozenPrefix(model.backbone, 1, cache=prefix_flags.get("cache_frozen_prefix", False))
         tok = "minilm"
@@ -150,8 +149,10 @@ def test_prefix_cache_stops_at_its_budget_with_one_warning():
 
 
 def test_unsupported_combinations_are_refused_naming_the_flag(word_tokenizer_dir):
+    model = tiny_model("minilm", backbone="minilm", keep_layers=2, freeze_layers=1)
+    model.backbone.embeddings.position_embeddings.requires_grad_(True)
     with pytest.raises(ValueError, match="--model.share_frozen_prefix.*trainable parameters.*position_embeddings"):
-        tiny_model("minilm", backbone="minilm", keep_layers=2, freeze_layers=1, share_frozen_prefix=True)
+        check_supported(model.backbone, 1)
     with pytest.raises(ValueError, match="--model.share_frozen_prefix.*not GPT2Model"):
         tiny_model(word_tokenizer_dir, backbone="tiny-gpt2", freeze_layers=1, share_frozen_prefix=True)
     with pytest.raises(ValueError, match=r"--model.freeze_layers in \[1, 1\]"):
@@ -162,3 +163,21 @@ def test_unsupported_combinations_are_refused_naming_the_flag(word_tokenizer_dir
         tiny_model(word_tokenizer_dir, freeze_layers=1, share_frozen_prefix=True, gradient_checkpointing=True)
     with pytest.raises(ValueError, match="--model.prefix_cache_max_mb"):
         tiny_model(word_tokenizer_dir, freeze_layers=1, cache_frozen_prefix=True, prefix_cache_max_mb=-1)
+
+
+@pytest.mark.parametrize("backbone", ["minilm", "tiny-gpt2", "tiny-qwen2"])
+def test_freeze_layers_freezes_everything_below_the_first_trainable_layer(word_tokenizer_dir, backbone):
+    kwargs = dict(backbone="minilm", keep_layers=2) if backbone == "minilm" else dict(backbone=backbone)
+    model = tiny_model("minilm" if backbone == "minilm" else word_tokenizer_dir, freeze_layers=1, **kwargs)
+    below = [*_embedding_modules(model.backbone), _transformer_layers(model.backbone)[0]]
+    names = {id(p) for m in below for p in m.parameters()}
+    assert len(names) > 0
+    for name, p in model.backbone.named_parameters():
+        if id(p) in names:
+            assert not p.requires_grad, name  # BERT's positions / token types / embedding LayerNorm included
+    assert any(p.requires_grad for p in _transformer_layers(model.backbone)[1].parameters())
+    if backbone == "minilm":
+        assert {"embeddings.position_embeddings.weight", "embeddings.LayerNorm.weight"} <= {
+            n for n, p in model.backbone.named_parameters() if id(p) in names}
+    if backbone == "tiny-gpt2":
+        assert not model.backbone.wpe.weight.requires_grad

@@ -9,8 +9,7 @@ attention mask hides them as keys), so the cache keeps real positions only and r
 
 Supported: BERT-style encoders (MiniLM) and plain Qwen2 / Llama decoders (rotary embeddings, causal mask); other
 backbones, LoRA, gradient checkpointing and a prefix that still has trainable parameters are refused by
-`check_supported` (BERT under `--model.freeze_layers` freezes only its word embeddings: its position / token-type
-embeddings and embedding LayerNorm train, so its prefix output changes every step).
+`check_supported` (a prefix that still trains, e.g. a backbone whose freezing a caller undid, changes every step).
 """
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def check_supported(backbone: nn.Module, freeze_layers: int) -> str:
     prefix = [_embeddings(backbone, family), *_layers(backbone, family)[:freeze_layers]]
     trainable = [name for module in prefix for name, p in module.named_parameters() if p.requires_grad]
     if trainable:
-        # e.g. BERT: --model.freeze_layers freezes the word embeddings only; position / token-type embeddings and
-        # the embedding LayerNorm still train, so the prefix's output changes every step and cannot be shared.
+        # a prefix parameter that trains changes the prefix's output every step: it cannot be shared or cached
         raise ValueError(f"{FLAGS}: the prefix below layer {freeze_layers + 1} still has trainable parameters "
                          f"({', '.join(trainable[:4])}{', ...' if len(trainable) > 4 else ''}), so its output is "
                          "not fixed; turn the flag off")
