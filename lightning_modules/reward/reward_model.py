@@ -326,6 +326,16 @@ class RewardModelModule(LightningModule):
             layer.requires_grad_(False)
 
 
+def _embedding_modules(backbone: nn.Module) -> list[nn.Module]:
+    """Everything below the first transformer layer: BERT's whole `embeddings` block (word, position and
+    token-type tables and their LayerNorm), GPT-2's `wte` and `wpe`, a rotary decoder's `embed_tokens`. Freezing
+    only the word table would leave the rest training, so the 'frozen' prefix would still change every step."""
+    if isinstance(getattr(backbone, "embeddings", None), nn.Module):
+        return [backbone.embeddings]
+    extra = [getattr(backbone, "wpe", None)]  # GPT-2's learned positions; rotary backbones have no table
+    return [backbone.get_input_embeddings(), *[m for m in extra if isinstance(m, nn.Module)]]
+
+
 def _row_keys(batch: dict) -> list:
     """One key per row, the same for a sequence in every epoch: rows are (a_1..a_B, b_1..b_B), and a pair's order
     is fixed across epochs although batches are regrouped."""
@@ -343,16 +353,6 @@ def _freeze_reward_offset(backbone: nn.Module) -> None:
     Llama) have no such bias.
     """
     norms = [m for m in backbone.modules() if isinstance(m, nn.LayerNorm) and m.bias is not None]
-def _embedding_modules(backbone: nn.Module) -> list[nn.Module]:
-    """Everything below the first transformer layer: BERT's whole `embeddings` block (word, position and
-    token-type tables and their LayerNorm), GPT-2's `wte` and `wpe`, a rotary decoder's `embed_tokens`. Freezing
-    only the word table would leave the rest training, so the 'frozen' prefix would still change every step."""
-    if isinstance(getattr(backbone, "embeddings", None), nn.Module):
-        return [backbone.embeddings]
-    extra = [getattr(backbone, "wpe", None)]  # GPT-2's learned positions; rotary backbones have no table
-    return [backbone.get_input_embeddings(), *[m for m in extra if isinstance(m, nn.Module)]]
-
-
     if norms:
         norms[-1].bias.requires_grad_(False)  # registration order: the last one produces last_hidden_state
 
