@@ -97,8 +97,13 @@ EXPECTED_SECTIONS = {
 EXPECTED_SECTIONS["Score"] = sum(EXPECTED_SECTIONS.values()) / 4
 
 
+LOCAL = Path(__file__).parent / "fixtures" / "local"
+
+
 def test_per_subset_and_section_accuracy_in_test(word_tokenizer_dir, cache_dir, tmp_path):
-    dm = tiny_data(word_tokenizer_dir, cache_dir, ood_targets=["rewardbench"],
+    # beside RewardBench: a local file (a name with dots) and a local folder whose test file has a `subset` column
+    standard, folder = f"local:{LOCAL / 'standard.jsonl'}", f"local:{LOCAL / 'folder'}"
+    dm = tiny_data(word_tokenizer_dir, cache_dir, ood_targets=["rewardbench", standard, folder],
                    local_dirs={"rewardbench": str(FIXTURE)}, source_options={SOURCE: synth_options()[SOURCE]})
     model = ScriptedRewardModel(scripted_margins(), backbone="tiny-qwen2", tokenizer=word_tokenizer_dir)
     logger = TensorBoardLogger(str(tmp_path), name="", version="test")
@@ -110,7 +115,11 @@ def test_per_subset_and_section_accuracy_in_test(word_tokenizer_dir, cache_dir, 
     assert {s: (round(v["acc"] * v["pairs"]), v["pairs"]) for s, v in rb["subsets"].items()} == EXPECTED_SUBSETS
     assert rb["subsets"]["alpacaeval-easy"]["acc"] == pytest.approx(2 / 3)
     assert rb["sections"] == pytest.approx(EXPECTED_SECTIONS)
-    assert "subsets" not in model.test_results[SOURCE]  # the synthetic source has none
+    assert "subsets" not in model.test_results[SOURCE] and "subsets" not in model.test_results[standard]
+    assert model.test_results[standard]["pairs"] == 2
+    assert model.test_results[folder]["subsets"] == {"math": {"acc": 1.0, "pairs": 2},
+                                                     "trivia/easy": {"acc": 1.0, "pairs": 1}}
+    assert "sections" not in model.test_results[folder]  # sections are RewardBench's
     with open(os.path.join(logger.log_dir, "test_results.json")) as f:
         assert json.load(f)["rewardbench"]["sections"] == pytest.approx(EXPECTED_SECTIONS)
 

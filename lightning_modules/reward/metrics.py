@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch import nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
@@ -45,6 +46,34 @@ class PairwiseAccuracy(Metric):
         if correct.numel() == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
         return correct.mean()
+
+
+class SplitMetrics(nn.ModuleDict):
+    """A ModuleDict keyed by split name, where a name may hold dots (`local:/data/prefs.jsonl`): a module name may
+    not, so keys are stored with "." escaped ("%2E", and "%" as "%25") and read back unescaped."""
+
+    @staticmethod
+    def _escape(name: str) -> str:
+        return name.replace("%", "%25").replace(".", "%2E")
+
+    @staticmethod
+    def _unescape(key: str) -> str:
+        return key.replace("%2E", ".").replace("%25", "%")
+
+    def __setitem__(self, name: str, module: nn.Module) -> None:
+        super().__setitem__(self._escape(name), module)
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return super().__getitem__(self._escape(name))
+
+    def __contains__(self, name: str) -> bool:
+        return super().__contains__(self._escape(name))
+
+    def keys(self):
+        return [self._unescape(k) for k in super().keys()]
+
+    def items(self):
+        return [(self._unescape(k), m) for k, m in super().items()]
 
 
 def transfer_scores(acc_teacher: dict, acc_student: dict, id_split: str,

@@ -25,7 +25,7 @@ from lightning_modules.reward.backbones import (
 )
 from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
-from lightning_modules.reward.metrics import PairwiseAccuracy, TransferScores
+from lightning_modules.reward.metrics import PairwiseAccuracy, SplitMetrics, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
 from lightning_modules.reward.subset_report import format_subset_tables, subset_log_dict, subset_report
 
@@ -148,7 +148,7 @@ class RewardModelModule(LightningModule):
         _freeze_key_biases(self.backbone)
         self.head = RewardHead(hidden_size(self.backbone), pooling)
         self.val_acc = PairwiseAccuracy()
-        self.test_metrics = nn.ModuleDict()  # one PairwiseAccuracy per test split, created in setup
+        self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
         self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
 
