@@ -21,8 +21,8 @@ import os
 import shutil
 from typing import Any
 
-from protocols.w2s_report import row_scores
 from lightning_modules.reward.subset_report import slug
+from protocols.w2s_report import row_scores
 
 HPARAMS_DIR = "hparams"
 
