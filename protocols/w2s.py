@@ -339,6 +339,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     ckpt = _selected_checkpoint(fit.trainer, stage)
     drift_cb = _find_drift_callback(fit.trainer)
     drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> value}
+    teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
     del fit
     test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
     _write_commands(stage.dir, [fit_args, test_args])
@@ -347,6 +348,8 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
               "identity": identity, "run": run, "args": args}
     if drift:
         result["drift"] = drift
+    if teacher_labels:
+        result["teacher_labels"] = teacher_labels
     if is_global_zero():
         atomic_write_json(result, stage.result_path)
     return result

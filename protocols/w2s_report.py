@@ -52,6 +52,22 @@ def mean_std(values: list[float]) -> tuple[float, Optional[float], int]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
 
 
+# Two-sided 95% Student-t critical values by degrees of freedom (n seeds − 1); the normal 1.96 beyond 30.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def ci95(mean: float, std: Optional[float], n: int) -> Optional[tuple[float, float]]:
+    """The 95% t-interval of a mean over n seeds (None below two seeds)."""
+    if std is None or n < 2:
+        return None
+    df = n - 1
+    t = _T975.get(df) or (_T975[max(k for k in _T975 if k <= df)] if df <= 30 else 1.96)
+    half = t * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
 def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict[str, dict[str, Any]]]:
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for method, per_seed in raw.items():
@@ -61,7 +77,7 @@ def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict
         for key in keys:
             values = {seed: s[key] for seed, s in scores.items() if key in s}
             m, sd, n = mean_std(list(values.values()))
-            table[method][key] = {"mean": m, "std": sd, "n": n, "per_seed": values}
+            table[method][key] = {"mean": m, "std": sd, "n": n, "ci95": ci95(m, sd, n), "per_seed": values}
     return table
 
 
@@ -103,10 +119,109 @@ def summarize(p, raw: dict[str, dict[int, dict]]) -> dict:
     table = aggregate(raw, id_source)
     has_pgr = any("pgr" in row for row in table.values())
     cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
+    teacher_labels = teacher_label_structure(raw)
+    correlation = drift_ood_correlation(table, targets)
+    markdown = "\n\n".join(part for part in (
+        WHAT_TO_LOOK_FOR, markdown_table(table, cols, len(p.seeds)),
+        interval_table(table, targets) if len(p.seeds) > 1 else "",
+        teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
-            "markdown": markdown_table(table, cols, len(p.seeds)),
+            "teacher_labels": teacher_labels, "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
+
+
+WHAT_TO_LOOK_FOR = ("What to look for: the paper's failure is a weak-label student with WRG > 0 (it beats its teacher "
+                    "in-distribution) and some AOG < 0 (it falls below the teacher out of distribution); ANCHOR "
+                    "should keep the WRG and lift the NTS.")
+WEAK_LABEL_METHODS_EXCLUDED = ("teacher", "ceiling")
+
+
+def teacher_label_structure(raw: dict[str, dict[int, dict]]) -> dict[int, dict]:
+    """Per seed, the teacher's error structure on the student half (`datamodules.preference.label_diagnostics`),
+    as the first weak-label stage of that seed recorded it."""
+    out: dict[int, dict] = {}
+    for method, per_seed in raw.items():
+        if method in WEAK_LABEL_METHODS_EXCLUDED:
+            continue
+        for seed, stage in per_seed.items():
+            if "teacher_labels" in stage and seed not in out:
+                out[seed] = stage["teacher_labels"]
+    return dict(sorted(out.items()))
+
+
+def teacher_label_table(structure: dict[int, dict]) -> str:
+    if not structure:
+        return ""
+    cols = [("error_rate", "error rate"), ("errors_with_artifact_on_rejected", "errors with the artifact on rejected"),
+            ("error_rate_artifact_on_rejected", "error rate, artifact on rejected"),
+            ("error_rate_artifact_on_chosen", "error rate, artifact on chosen"),
+            ("agreement_with_artifact", "labels agree with the artifact"),
+            ("confidence_when_wrong", "confidence when wrong"), ("confidence_when_right", "confidence when right")]
+    cols = [(k, name) for k, name in cols if any(k in d for d in structure.values())]
+    lines = ["The teacher's labels on the student half (shares; confidence = max(P, 1 − P)):", "",
+             "| seed | " + " | ".join(name for _, name in cols) + " |", "|---|" + "---|" * len(cols)]
+    for seed, d in structure.items():
+        lines.append(f"| {seed} | " + " | ".join(f"{d[k]:.3f}" if k in d else "–" for k, _ in cols) + " |")
+    return "\n".join(lines)
+
+
+def interval_table(table: dict, targets: list[str]) -> str:
+    """WRG, every AOG and NTS as mean [95% t-interval] with the per-seed values (the claims' evidence)."""
+    keys = [("wrg", "WRG"), *[(f"aog/{t}", f"AOG {t}") for t in targets], ("nts", "NTS")]
+    lines = ["Mean [95% t-interval over seeds]; per-seed values in seed order:", "",
+             "| method | " + " | ".join(name for _, name in keys) + " |", "|---|" + "---|" * len(keys)]
+    for method, row in table.items():
+        if method == "teacher":
+            continue
+        cells = []
+        for key, _ in keys:
+            cell = row.get(key)
+            if cell is None:
+                cells.append("–")
+                continue
+            interval = f" [{cell['ci95'][0]:+.1f}, {cell['ci95'][1]:+.1f}]" if cell.get("ci95") else ""
+            seeds = ", ".join(f"{v:+.1f}" for _, v in sorted(cell["per_seed"].items()))
+            cells.append(f"{cell['mean']:+.1f}{interval} ({seeds})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _pearson(xs: list[float], ys: list[float]) -> Optional[float]:
+    if len(xs) < 3 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return None
+    return statistics.correlation(xs, ys)
+
+
+def drift_ood_correlation(table: dict, targets: list[str]) -> Optional[dict]:
+    """Pearson r between the headline OOD drift (MSE at the deepest layer) and mean OOD accuracy over the weak-label
+    students: per seed (across methods) and pooled over every (method, seed) point. The gold ceiling is left out:
+    it learns from other labels, so its drift answers another question."""
+    keys = headline_drift_keys(table)
+    if not keys:
+        return None
+    key = keys[0]
+    methods = [m for m in table if m not in WEAK_LABEL_METHODS_EXCLUDED and key in table[m]]
+    points: dict[int, list[tuple[float, float]]] = {}
+    for m in methods:
+        for seed, drift in table[m][key]["per_seed"].items():
+            accs = [table[m][f"acc/{t}"]["per_seed"].get(seed) for t in targets]
+            if all(a is not None for a in accs):
+                points.setdefault(seed, []).append((drift, statistics.fmean(accs)))
+    per_seed = {seed: _pearson([d for d, _ in pts], [a for _, a in pts]) for seed, pts in sorted(points.items())}
+    pooled = [pt for pts in points.values() for pt in pts]
+    return {"drift_key": key, "methods": methods, "per_seed": per_seed,
+            "pooled": _pearson([d for d, _ in pooled], [a for _, a in pooled]), "points": len(pooled)}
+
+
+def correlation_line(c: Optional[dict]) -> str:
+    if not c:
+        return ""
+    show = lambda r: "–" if r is None else f"{r:+.2f}"
+    seeds = ", ".join(f"seed {s}: {show(r)}" for s, r in c["per_seed"].items())
+    return (f"Drift ({c['drift_key'].replace('drift/', '')}) vs mean OOD accuracy over the weak-label students "
+            f"({', '.join(c['methods'])}): Pearson r pooled over {c['points']} points {show(c['pooled'])}; "
+            f"per seed {seeds}. Negative = more drift goes with lower OOD accuracy.")
 
 
 def write_reports(out_dir: str, results: dict) -> None:
@@ -181,18 +296,7 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
 
     drift_keys = headline_drift_keys(table)
     if drift_keys:
-        drift_key = drift_keys[0]
-        fig, ax = plt.subplots(figsize=(4.5, 3.5))
-        for m in methods:
-            if drift_key in table[m]:
-                ood = statistics.fmean(table[m][f"acc/{t}"]["mean"] for t in targets)
-                ax.scatter(table[m][drift_key]["mean"], ood)
-                ax.annotate(m, (table[m][drift_key]["mean"], ood), fontsize=8)
-        ax.set_xlabel(drift_key.replace("drift/", "drift: "))
-        ax.set_ylabel("mean OOD accuracy (%)")
-        ax.set_title("Representational drift vs OOD accuracy")
-        fig.tight_layout()
-        figures["drift_vs_ood"] = fig
+        figures["drift_vs_ood"] = drift_figure(plt, table, targets, drift_keys[0])
 
     for name, fig in figures.items():
         png = io.BytesIO()
@@ -201,3 +305,27 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
         writer.add_figure(f"w2s/{name}", fig)
         plt.close(fig)
     writer.close()
+
+
+def drift_figure(plt, table: dict, targets: list[str], drift_key: str):
+    """Left: every weak-label student, one point per seed (the correlation's data). Right: the gold ceiling, whose
+    drift comes from other labels, on its own panel so it does not set the left panel's trend."""
+    fig, (ax, ax_gold) = plt.subplots(1, 2, figsize=(7.5, 3.5), gridspec_kw={"width_ratios": [3, 1]})
+    for m in table:
+        if m == "teacher" or drift_key not in table[m]:
+            continue
+        xs, ys = [], []
+        for seed, drift in sorted(table[m][drift_key]["per_seed"].items()):
+            accs = [table[m][f"acc/{t}"]["per_seed"].get(seed) for t in targets]
+            if all(a is not None for a in accs):
+                xs.append(drift)
+                ys.append(statistics.fmean(accs))
+        (ax_gold if m == "ceiling" else ax).scatter(xs, ys, label=m, s=18)
+    ax.set_xlabel(drift_key.replace("drift/", "drift: "))
+    ax.set_ylabel("mean OOD accuracy (%)")
+    ax.set_title("Weak-label students (one point per seed)")
+    ax.legend(fontsize=7)
+    ax_gold.set_title("Gold ceiling")
+    ax_gold.set_xlabel("drift")
+    fig.tight_layout()
+    return fig

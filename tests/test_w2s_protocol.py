@@ -114,6 +114,10 @@ def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, wo
     md = open(os.path.join(out, "results.md")).read()
     assert "| anchor | " + " | ".join(cells) + " |" in md
     assert "mean ± std over 2 seeds" in md
+    for seed in seeds:  # the teacher's error structure, as the student stage's data module measured it
+        labels = results["teacher_labels"][seed]
+        assert labels["pairs"] > 0 and 0.0 <= labels["error_rate"] <= 1.0 and "agreement_with_artifact" in labels
+    assert "The teacher's labels on the student half" in md and "Mean [95% t-interval over seeds]" in md
     for name in ("results.csv", "figures/aog_heatmap.png", "figures/nts_bars.png", "figures/drift_vs_ood.png"):
         assert os.path.isfile(os.path.join(out, name)), name
     assert glob.glob(os.path.join(out, "summary", "events.out.tfevents.*"))
@@ -317,11 +321,61 @@ def test_report_of_one_seed_prints_values_without_spread():
     from protocols.w2s_report import aggregate, display_columns, markdown_table
 
     table = aggregate({"teacher": {0: TEACHER}, "naive": {0: _stage((82.0, 40.0), (80.0, 50.0))}}, "S")
-    assert table["naive"]["wrg"] == {"mean": 2.0, "std": None, "n": 1, "per_seed": {0: 2.0}}
+    assert table["naive"]["wrg"] == {"mean": 2.0, "std": None, "n": 1, "ci95": None, "per_seed": {0: 2.0}}
     md = markdown_table(table, display_columns("S", ["T"], False, []), 1)
     assert "Percent points, 1 seed." in md and "±" not in md
     assert "| naive | 82.0 | +2.0 | -10.0 | -10.0 | -10.0 |" in md
     assert "| teacher | 80.0 | +0.0 | +0.0 | +0.0 | +0.0 |" in md
+
+
+def test_report_intervals_are_student_t_over_seeds():
+    from protocols.w2s_report import aggregate, interval_table
+
+    # WRG per seed 2, 6, 4: mean 4, std 2, t(0.975, 2) = 4.303 -> half-width 4.303·2/√3 = 4.969
+    raw = {"teacher": {s: TEACHER for s in range(3)},
+           "naive": {0: _stage((82.0, 40.0), (80.0, 50.0)), 1: _stage((86.0, 44.0), (80.0, 50.0)),
+                     2: _stage((84.0, 45.0), (80.0, 50.0))}}
+    table = aggregate(raw, "S")
+    lo, hi = table["naive"]["wrg"]["ci95"]
+    assert (lo, hi) == (pytest.approx(4.0 - 4.969, abs=1e-3), pytest.approx(4.0 + 4.969, abs=1e-3))
+    # AOG −10, −6, −5: mean −7, std 2.646 -> ± 6.572: the interval [−13.6, −0.4] excludes 0
+    assert table["naive"]["aog/T"]["ci95"] == (pytest.approx(-13.572, abs=1e-3), pytest.approx(-0.428, abs=1e-3))
+    md = interval_table(table, ["T"])
+    assert "| naive | +4.0 [-1.0, +9.0] (+2.0, +6.0, +4.0) | -7.0 [-13.6, -0.4] (-10.0, -6.0, -5.0) |" in md
+
+
+def test_report_correlates_drift_with_ood_accuracy_over_weak_label_students_only():
+    from protocols.w2s_report import aggregate, drift_ood_correlation
+
+    def stage(ood, mse):
+        st = _stage((85.0, ood), (80.0, 50.0))
+        st["drift"] = {"ood_mean": {"mse": {"layer6": mse}, "cka": {"layer6": 0.9}}}
+        return st
+
+    raw = {"teacher": {0: TEACHER, 1: TEACHER},
+           "ceiling": {0: stage(99.0, 9.0), 1: stage(98.0, 8.0)},  # most drift, best OOD: must not count
+           "naive": {0: stage(40.0, 3.0), 1: stage(42.0, 2.0)},
+           "confidence": {0: stage(50.0, 2.0), 1: stage(47.0, 1.5)},
+           "anchor": {0: stage(60.0, 1.0), 1: stage(61.0, 0.5)}}
+    c = drift_ood_correlation(aggregate(raw, "S"), ["T"])
+    assert c["methods"] == ["naive", "confidence", "anchor"] and c["points"] == 6
+    xs, ys = [3.0, 2.0, 1.0], [40.0, 50.0, 60.0]  # seed 0: exactly linear, r = −1
+    assert c["per_seed"][0] == pytest.approx(-1.0)
+    assert c["per_seed"][1] == pytest.approx(float(np.corrcoef([2.0, 1.5, 0.5], [42.0, 47.0, 61.0])[0, 1]))
+    pooled = np.corrcoef(xs + [2.0, 1.5, 0.5], ys + [42.0, 47.0, 61.0])[0, 1]
+    assert c["pooled"] == pytest.approx(float(pooled))
+
+
+def test_report_tabulates_the_teachers_label_structure_per_seed():
+    from protocols.w2s_report import teacher_label_structure, teacher_label_table
+
+    labels = {"pairs": 800, "error_rate": 0.14, "confidence_when_wrong": 0.71, "confidence_when_right": 0.93,
+              "errors_with_artifact_on_rejected": 0.8}
+    raw = {"teacher": {0: TEACHER}, "ceiling": {0: {"teacher_labels": {"error_rate": 9.0}}},
+           "naive": {0: {"teacher_labels": labels}}}
+    assert teacher_label_structure(raw) == {0: labels}
+    md = teacher_label_table({0: labels})
+    assert "| 0 | 0.140 | 0.800 | 0.710 | 0.930 |" in md
 
 
 # ---- the shipped configs -----------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ Split layout (all seeded and recorded in `<log_dir>/data_manifest.json` and `<lo
 - test: the source's test split (ID) and the test split of every OOD target, in that order
   (`test_split_names`), each evaluated by `cli.py test` and logged as `test/acc/<source name>`.
 Tokenized splits are cached with `datasets` under `cache_dir`, keyed by the records, the tokenizer and the
-tokenization settings, and written atomically (a crash never leaves a half-written cache).
+tokenization settings, and written atomically (a crash never leaves a half-written cache). A small index beside
+them (`prepared_index.py`) lets a run with unchanged local files / generator options reload the cache without
+loading the records again.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.preference.collate import PairCollator
 from datamodules.preference.columns import fast_column
 from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
+from datamodules.preference.prepared_index import index_path, read_index, write_index
+from datamodules.preference.label_diagnostics import weak_label_diagnostics
 from datamodules.preference.records import fingerprint
 from datamodules.preference.samplers import LengthGroupedSampler
 from datamodules.preference.sources import DataError, build_source
@@ -117,6 +121,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         seed: seed of the halves, carving, subsampling and batch order.
         cache_dir: where tokenized splits are cached (default $SHIFTGEN_CACHE or ~/.cache/shiftgen).
         num_workers: DataLoader workers.
+        num_proc: processes of the tokenizing `datasets.map` (1 = in this process); the cached data are the same.
     """
 
     def __init__(
@@ -145,6 +150,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         seed: int = 0,
         cache_dir: Optional[str] = None,
         num_workers: int = 0,
+        num_proc: int = 1,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -155,6 +161,8 @@ class PreferenceDataModule(pl.LightningDataModule):
                              f"set --data.train_subset student (got {train_subset!r})")
         if isinstance(label_temperature, bool) or not label_temperature >= 0:
             raise ValueError(f"--data.label_temperature must be >= 0 (0 = hard labels), got {label_temperature!r}")
+        if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+            raise ValueError(f"--data.num_proc must be an integer >= 1, got {num_proc!r}")
         if train_labels not in ("weak", "gold"):
             raise ValueError(f"--data.train_labels must be 'weak' or 'gold', got {train_labels!r}")
         if teacher_checkpoint and weak_labels:
@@ -167,6 +175,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         self.datasets: dict[str, PairDataset] = {}
         self.manifest: dict = {}
         self._tokenizer = None
+        self._loaded: Optional[tuple[dict, dict]] = None  # records and report, from prepare_data to setup
 
     # ---- public names ------------------------------------------------------------------------------------
     @property
@@ -251,18 +260,22 @@ class PreferenceDataModule(pl.LightningDataModule):
                               tok.padding_side, self.hparams.max_length, self.hparams.truncation, CACHE_VERSION])
         return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:12]
 
+    def _tokenized_path(self, kind: str, records_fingerprint: str, tok_key: str) -> str:
+        return os.path.join(self.cache_dir, "tokenized", f"{kind.replace('/', '__')}-{records_fingerprint}-{tok_key}")
+
     def _tokenized(self, kind: str, records: list[dict], tok_key: str):
         import datasets
 
-        path = os.path.join(self.cache_dir, "tokenized", f"{kind.replace('/', '__')}-{fingerprint(records)}-{tok_key}")
+        path = self._tokenized_path(kind, fingerprint(records), tok_key)
         if os.path.isdir(path):
             return datasets.load_from_disk(path), True
-        ds = datasets.Dataset.from_list([dict(r, index=i) for i, r in enumerate(records)])
-        tokenize = PairTokenizer(self.tokenizer, self.hparams.max_length, self.hparams.truncation)
-        ds = ds.map(tokenize, batched=True, batch_size=512, remove_columns=["prompt", "chosen", "rejected"],
-                    load_from_cache_file=False, desc=f"tokenizing {kind}")
-        ds = ds.map(lambda b: {"length": [max(len(a), len(c)) for a, c in zip(b["a_input_ids"], b["b_input_ids"])]},
-                    batched=True, load_from_cache_file=False)
+        columns = {k: [r[k] for r in records] for k in ("id", "source", "split", "prompt", "chosen", "rejected")}
+        ds = datasets.Dataset.from_dict({**columns, "index": list(range(len(records)))})
+        del columns
+        num_proc = min(self.hparams.num_proc, len(ds)) if self.hparams.num_proc > 1 else None  # contiguous shards
+        ds = ds.map(TokenizeWithLength(PairTokenizer(self.tokenizer, self.hparams.max_length, self.hparams.truncation)),
+                    batched=True, batch_size=512, remove_columns=["prompt", "chosen", "rejected"],
+                    load_from_cache_file=False, num_proc=num_proc, desc=f"tokenizing {kind}")
         if kind.startswith("test/") or kind == "validation":
             ds = ds.sort("length", reverse=True)  # length-sorted evaluation batches: little padding
         atomic_save_dataset(ds, path)
@@ -270,12 +283,46 @@ class PreferenceDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node: weak labels and tokenization happen once under DDP.
-        records, _ = self.load_records()
+        if self._prepared_index() is not None:
+            return  # every needed split is cached for these inputs
+        records, report = self._records()
         key = self._tokenizer_key()
         for kind in self._needed_kinds():
             self._tokenized(kind, records[kind], key)
         if self.hparams.teacher_checkpoint:
             self._weak_labels_file(records, compute=True)
+        self._remember(records, report)
+
+    def _records(self) -> tuple[dict[str, list[dict]], dict]:
+        """`load_records()`, once per data module (prepare_data and setup in one process share it)."""
+        if self._loaded is None:
+            self._loaded = self.load_records()
+        return self._loaded
+
+    # ---- the prepared index: a warm cache without loading the records --------------------------------------
+    def _index_path(self) -> Optional[str]:
+        hp = self.hparams
+        if hp.teacher_checkpoint or hp.weak_labels:
+            return None  # weak labels are keyed by the records themselves
+        settings = {k: hp[k] for k in ("source", "ood_targets", "source_options", "teacher_source_options", "seed",
+                                       "teacher_fraction", "val_fraction", "max_pairs")}
+        return index_path(self.cache_dir, self.test_split_names, dict(hp.local_dirs), settings)
+
+    def _prepared_index(self) -> Optional[dict]:
+        """The index of these inputs when every split this run needs is in the cache, else None."""
+        index = read_index(self._index_path())
+        if index is None:
+            return None
+        key = self._tokenizer_key()
+        fps = index["fingerprints"]
+        if not all(k in fps and os.path.isdir(self._tokenized_path(k, fps[k], key)) for k in self._needed_kinds()):
+            return None
+        return index
+
+    def _remember(self, records: dict, report: dict) -> None:
+        split_ids = {k: [r["id"] for r in records[k]] for k in ("train_teacher", "train_student")}
+        write_index(self._index_path(), {k: fingerprint(v) for k, v in records.items()},
+                    {k: len(v) for k, v in records.items()}, {**report, "split_ids": split_ids})
 
     def _weak_labels_file(self, records: dict, compute: bool) -> str:
         from datamodules.preference import weak_labels as wl
@@ -300,7 +347,11 @@ class PreferenceDataModule(pl.LightningDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.datasets:
             return
-        records, report = self.load_records()
+        index = self._prepared_index()
+        if index is not None:
+            self._setup_from_index(index)
+            return
+        records, report = self._records()
         key = self._tokenizer_key()
         status: dict[str, dict] = {}
         weak = self._load_weak_labels(records)
@@ -325,8 +376,39 @@ class PreferenceDataModule(pl.LightningDataModule):
             "source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,
             "sizes": {k: len(v) for k, v in records.items()}, "tokenization": status, **report,
         }
+        if weak:
+            self.manifest["teacher_labels"] = self._teacher_label_diagnostics(records["train_student"], weak)
         self._split_ids = {k: [r["id"] for r in records[k]] for k in ("train_teacher", "train_student")}
         self._write_manifest()
+        self._remember(records, report)
+        self._loaded = None  # the columns hold what training needs
+
+    def _setup_from_index(self, index: dict) -> None:
+        """`setup` from a warm cache: the same datasets and manifest, without loading the records."""
+        import datasets
+
+        key = self._tokenizer_key()
+        status: dict[str, dict] = {}
+        for kind in self._needed_kinds():
+            ds = datasets.load_from_disk(self._tokenized_path(kind, index["fingerprints"][kind], key))
+            counts = Counter(ds["status"])
+            status[kind] = dict(counts)
+            ds = ds.filter(lambda s: s != "dropped_too_long", input_columns="status") if counts["dropped_too_long"] else ds
+            if len(ds) == 0:
+                raise DataError(f"split {kind!r} is empty after --data.truncation {self.hparams.truncation}")
+            self.datasets[kind] = PairDataset(ds)
+            status[kind]["cached"] = True
+        report = dict(index["report"])
+        self._split_ids = report.pop("split_ids")
+        self.manifest = {"source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,
+                         "sizes": index["sizes"], "tokenization": status, **report}
+        self._write_manifest()
+
+    def _teacher_label_diagnostics(self, student_records: list[dict], weak: dict) -> dict:
+        """The teacher's error structure on the student half, from its untempered labels (label_diagnostics)."""
+        hp = self.hparams
+        src = build_source(self.source, hp.local_dirs.get(self.source), **hp.source_options.get(self.source, {}))
+        return weak_label_diagnostics(student_records, weak["raw_labels"], getattr(src, "artifact_side", None))
 
     def _write_manifest(self) -> None:
         trainer = self.trainer
@@ -358,6 +440,7 @@ class PreferenceDataModule(pl.LightningDataModule):
             payload = json.load(f)
         self.weak_labels_path = path
         T = float(hp.label_temperature)
+        payload["raw_labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
         payload["labels"] = {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}
         return payload
 
@@ -391,6 +474,18 @@ class PreferenceDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> list[DataLoader]:
         return [self._eval_loader(self.datasets[f"test/{n}"]) for n in self.test_split_names]
+
+
+class TokenizeWithLength:
+    """`PairTokenizer` plus each pair's longer sequence length (the samplers' key), in one `datasets.map` pass."""
+
+    def __init__(self, tokenize: PairTokenizer):
+        self.tokenize = tokenize
+
+    def __call__(self, batch: dict) -> dict:
+        out = self.tokenize(batch)
+        out["length"] = [max(len(a), len(b)) for a, b in zip(out["a_input_ids"], out["b_input_ids"])]
+        return out
 
 
 def atomic_save_dataset(ds, path: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Iterable, Optional
 
 from datamodules.preference.records import CANONICAL_SPLITS, make_record
 from datamodules.preference.sources.base import DataError, PreferenceSource, register_source
-from datamodules.preference.synthetic_shift import CATEGORIES, ShiftOptions, generate_domain, source_name
+from datamodules.preference.synthetic_shift import CATEGORIES, ShiftOptions, generate_domain, has_artifact, source_name
 
 
 class SyntheticShiftSource(PreferenceSource):
@@ -59,6 +59,14 @@ class SyntheticShiftSource(PreferenceSource):
         if split not in self.split_map:
             raise DataError(f"{self.name} has no {split!r} split (it has {self.available_splits()})")
         return generate_domain(self.category, self.domain, split, **dataclasses.asdict(self.options))
+
+    def artifact_side(self, record: dict) -> Optional[str]:
+        """The response of a record that carries the category's artifact ("chosen" / "rejected"), read from the
+        text alone; None when neither does (the no-artifact target). For `label_diagnostics`."""
+        for side in ("chosen", "rejected"):
+            if has_artifact(self.category, record[side]):
+                return side
+        return None
 
     def _read_rows(self, split: str) -> tuple[Iterable[dict], str]:
         opts = self.options
