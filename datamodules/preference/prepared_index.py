@@ -1,0 +1,94 @@
+"""What a prepared data module holds, remembered beside its tokenized cache, so that a later run with unchanged
+inputs reloads the cache without reading, generating or fingerprinting the records again.
+
+The tokenized splits are keyed by a fingerprint of their records; computing that fingerprint means loading every
+record (reading 10^5 rows and normalising them, or regenerating the synthetic benchmark), which costs as much as a
+third of the first preparation. The index maps the *inputs* -- the source files' names, sizes and modification
+times, or the generator's code for the synthetic sources, plus every setting that picks records -- to the split
+fingerprints, sizes and drop report of the run that loaded them. Sources whose rows cannot be pinned this way (hub
+downloads) have no index: every run loads their records, as before.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Optional
+
+from datamodules.atomic_files import atomic_write_json
+
+INDEX_VERSION = "1"
+
+
+def _file_stats(path: str) -> list:
+    """(relative path, size, mtime_ns) of a file, or of every file under a directory."""
+    if os.path.isfile(path):
+        st = os.stat(path)
+        return [[os.path.basename(path), st.st_size, st.st_mtime_ns]]
+    out = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            st = os.stat(full)
+            out.append([os.path.relpath(full, path), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _generator_code() -> str:
+    """Hash of the synthetic benchmark's code: its records are a function of its options and this code."""
+    from datamodules.preference import records, synthetic_lexicon, synthetic_shift
+    from datamodules.preference.sources import synthetic
+
+    h = hashlib.sha1()
+    for module in (synthetic_shift, synthetic_lexicon, synthetic, records):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def source_identity(name: str, local_dir: Optional[str]) -> Optional[list]:
+    """What pins a source's rows: its files' stats, or the generator's code; None when nothing does (the hub)."""
+    from datamodules.preference.sources.base import SOURCE_PREFIXES, SOURCES, _import_builtin_sources
+    from datamodules.preference.sources.synthetic import SyntheticShiftSource
+
+    _import_builtin_sources()
+    if local_dir is not None:
+        return ["files", os.path.abspath(local_dir), _file_stats(local_dir)] if os.path.exists(local_dir) else None
+    for prefix in SOURCE_PREFIXES:
+        if name.startswith(prefix):
+            path = name[len(prefix):]
+            return ["files", os.path.abspath(path), _file_stats(path)] if os.path.exists(path) else None
+    cls = SOURCES.get(name)
+    if cls is not None and issubclass(cls, SyntheticShiftSource):
+        return ["generated", _generator_code()]
+    return None
+
+
+def index_path(cache_dir: str, names: list[str], local_dirs: dict, settings: dict[str, Any]) -> Optional[str]:
+    """Path of the index for these inputs and settings; None when some source cannot be pinned."""
+    identities = []
+    for name in names:
+        ident = source_identity(name, local_dirs.get(name))
+        if ident is None:
+            return None
+        identities.append([name, ident])
+    payload = json.dumps([INDEX_VERSION, identities, settings], sort_keys=True, default=str)
+    key = hashlib.sha1(payload.encode("utf-8")).hexdigest()[:20]
+    return os.path.join(cache_dir, "prepared", f"{key}.json")
+
+
+def read_index(path: Optional[str]) -> Optional[dict]:
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):  # a damaged index only costs a full load
+        return None
+
+
+def write_index(path: Optional[str], fingerprints: dict[str, str], sizes: dict[str, int], report: dict) -> None:
+    if path is None:
+        return
+    atomic_write_json({"fingerprints": fingerprints, "sizes": sizes, "report": report}, path, indent=None)
