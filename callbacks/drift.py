@@ -18,14 +18,15 @@ import os
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from callbacks.reference_model import FrozenReference, ReferenceModelCallback, find_reference_callback
 from lightning_modules.reward.backbones import num_layers
-from lightning_modules.reward.drift_metrics import linear_cka, masked_cosine, pooled_response
-from lightning_modules.reward.losses import masked_mse
+from lightning_modules.reward.drift_metrics import linear_cka, pooled_response
+from lightning_modules.reward.losses import selected_mse
 
 METRICS = ("mse", "cosine", "cka")
 
@@ -43,10 +44,14 @@ class DriftDiagnosticsCallback(Callback):
             measured, so `final_drift` belongs to the final weights.
         measure_at_start: also measure when training starts (a fresh run: step 0, where drift is exactly 0).
         batch_size: probe pairs per forward (2x sequences; every layer's hidden states are held at once).
+        cache_reference: keep the reference's measured states (response tokens of the measured layers, and their
+            pooled rows) after the first measurement: the reference is frozen and the probe set fixed, so later
+            measurements run the student only. Host memory: probe sequences × response tokens × hidden size ×
+            4 bytes per measured layer (MiniLM, 64 pairs × 4 splits: ≈ 30 MB per layer).
     """
 
     def __init__(self, probe_pairs: int = 64, layers: Optional[list[float]] = None, every_n_val: int = 1,
-                 measure_at_start: bool = True, batch_size: int = 8):
+                 measure_at_start: bool = True, batch_size: int = 8, cache_reference: bool = True):
         super().__init__()
         if probe_pairs < 2:
             raise ValueError(f"DriftDiagnosticsCallback: probe_pairs must be >= 2 (CKA compares examples), "
@@ -59,6 +64,8 @@ class DriftDiagnosticsCallback(Callback):
             raise ValueError(f"DriftDiagnosticsCallback: batch_size must be >= 1, got {batch_size}")
         self.probe_pairs, self.layers, self.every_n_val = probe_pairs, layers, every_n_val
         self.measure_at_start, self.batch_size = measure_at_start, batch_size
+        self.cache_reference = bool(cache_reference)
+        self._reference_states: dict[tuple[str, int], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.reference: Optional[FrozenReference] = None
         self.owns_reference = False  # False when the ReferenceModelCallback's reference is reused
         self._shared_from: Optional[ReferenceModelCallback] = None
@@ -160,6 +167,7 @@ class DriftDiagnosticsCallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":  # free the copy (or drop the borrowed pointer) and the probe batches
             self.reference, self._shared_from, self.owns_reference, self.probes = None, None, False, {}
+            self._reference_states = {}
 
     # ---- measurement ---------------------------------------------------------------------------------------
     def measure(self, trainer: Trainer, pl_module: LightningModule) -> dict:
@@ -171,7 +179,7 @@ class DriftDiagnosticsCallback(Callback):
         target.eval()
         try:
             with torch.no_grad():
-                drift = {name: self._split_drift(target, batches, pl_module.device)
+                drift = {name: self._split_drift(target, name, batches, pl_module.device)
                          for name, batches in self.probes.items()}
         finally:
             for module, mode in modes.items():
@@ -182,26 +190,28 @@ class DriftDiagnosticsCallback(Callback):
                 logger.log_metrics(flat_drift(drift), step=trainer.global_step)
         return drift
 
-    def _split_drift(self, target: nn.Module, batches: list[dict], device: torch.device) -> dict:
+    def _split_drift(self, target: nn.Module, name: str, batches: list[dict], device: torch.device) -> dict:
         sq = {k: 0.0 for k in self.layer_ids}
         cos = {k: 0.0 for k in self.layer_ids}
         pooled = {k: ([], []) for k in self.layer_ids}
         tokens = 0
-        for batch in batches:
+        for b, batch in enumerate(batches):
             inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
             mask = batch["response_mask"].to(device)  # (2B, T)
             n_tok = int(mask.sum())
             if n_tok == 0:
                 continue
+            select = mask.bool()
             student = target(**inputs, output_hidden_states=True).hidden_states
-            reference = self.reference(**inputs, output_hidden_states=True).hidden_states
+            reference = self._reference_batch(name, b, inputs, mask)
             tokens += n_tok
             for k in self.layer_ids:
-                h, r = student[k].float(), reference[k].float()  # (2B, T, H)
-                sq[k] += float(masked_mse(h, r, mask)) * n_tok  # token-weighted: the split-wide masked_mse
-                cos[k] += float(masked_cosine(h, r, mask)) * n_tok
+                h = student[k].float()  # (2B, T, H)
+                h_sel, (r_sel, r_pooled) = h[select], reference[k]  # (n_tok, H): the response tokens
+                sq[k] += float(selected_mse(h_sel, r_sel)) * n_tok  # token-weighted: the split-wide masked_mse
+                cos[k] += float(F.cosine_similarity(h_sel, r_sel, dim=-1, eps=1e-12).sum())  # masked_cosine × n_tok
                 pooled[k][0].append(pooled_response(h, mask).cpu())  # (2B, H)
-                pooled[k][1].append(pooled_response(r, mask).cpu())
+                pooled[k][1].append(r_pooled)
         out: dict[str, dict[str, float]] = {m: {} for m in METRICS}
         for k in self.layer_ids:
             name = f"layer{k}"
@@ -212,6 +222,19 @@ class DriftDiagnosticsCallback(Callback):
             out["cosine"][name] = cos[k] / tokens
             out["cka"][name] = float(linear_cka(torch.cat(pooled[k][0]), torch.cat(pooled[k][1])))  # (N, H) each
         return out
+
+    def _reference_batch(self, name: str, b: int, inputs: dict, mask: torch.Tensor) -> dict:
+        """layer -> (the reference's response-token states (n_tok, H) on the device, its pooled rows (2B, H) on the
+        host) for probe batch b of split `name`; kept for the fit when `cache_reference`."""
+        cached = self._reference_states.get((name, b))
+        if cached is not None:
+            return {k: (sel.to(mask.device), pooled) for k, (sel, pooled) in cached.items()}
+        hidden = self.reference(**inputs, output_hidden_states=True).hidden_states
+        select = mask.bool()
+        states = {k: (hidden[k].float()[select], pooled_response(hidden[k].float(), mask).cpu()) for k in self.layer_ids}
+        if self.cache_reference:
+            self._reference_states[(name, b)] = {k: (sel.cpu(), pooled) for k, (sel, pooled) in states.items()}
+        return states
 
     # ---- results -------------------------------------------------------------------------------------------
     def summary(self) -> dict:

@@ -135,6 +135,40 @@ def test_drift_is_zero_at_start_and_grows_with_training(word_tokenizer_dir, shar
                                       for k in (1, 2)}
 
 
+def test_cached_reference_states_give_the_same_drift_with_one_reference_pass(word_tokenizer_dir, shared_cache,
+                                                                               tmp_path):
+    runs = {}
+    for cache in (False, True):
+        cb = DriftDiagnosticsCallback(probe_pairs=8, layers=[0.5, 1.0], batch_size=4, cache_reference=cache)
+        _fit(word_tokenizer_dir, shared_cache, str(tmp_path / str(cache)), [cb, ReferenceModelCallback()])
+        runs[cache] = cb
+    plain, cached = runs[False], runs[True]
+    assert [h["step"] for h in cached.history] == [h["step"] for h in plain.history] == [0, 2, 4]
+    for h_plain, h_cached in zip(plain.history, cached.history):
+        for split, metrics in h_plain["drift"].items():
+            for metric, layers in metrics.items():
+                for layer, value in layers.items():
+                    assert h_cached["drift"][split][metric][layer] == pytest.approx(value, rel=1e-5, abs=1e-9)
+    assert not cached._reference_states  # released at teardown
+
+
+def test_the_reference_runs_once_per_probe_batch_with_the_cache(word_tokenizer_dir, shared_cache, tmp_path,
+                                                                monkeypatch):
+    cb = DriftDiagnosticsCallback(probe_pairs=8, layers=[1.0], batch_size=4)
+    calls = []
+    original = DriftDiagnosticsCallback._reference_batch
+
+    def counting(self, name, b, inputs, mask):
+        calls.append((name, b, (name, b) in self._reference_states))
+        return original(self, name, b, inputs, mask)
+
+    monkeypatch.setattr(DriftDiagnosticsCallback, "_reference_batch", counting)
+    _fit(word_tokenizer_dir, shared_cache, str(tmp_path), [cb, ReferenceModelCallback()])
+    first = [(name, b) for name, b, was_cached in calls if not was_cached]  # the reference ran for these
+    assert len(first) == len(set(first)) == 2 * len(SPLITS)  # 8 probe pairs in batches of 4, per split
+    assert len(calls) == 3 * len(first)  # measured at steps 0, 2 and 4
+
+
 def test_the_probe_set_is_the_first_pairs_in_record_order(word_tokenizer_dir, shared_cache, tmp_path):
     cb = DriftDiagnosticsCallback(probe_pairs=5, measure_at_start=False)
     pl.seed_everything(0)
