@@ -9,7 +9,7 @@ from lightning_modules.policy.completion_logprobs import completion_logprobs
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.base import SAMPLERS, sample_completions
 from lightning_modules.policy.losses import token_logprobs
-from lightning_modules.fast.static_decoder import sample_static, supports
+from lightning_modules.fast.static_decoder import can_score, sample_and_score, sample_static, supports
 
 V, EOS, PAD = 40, 2, 0
 
@@ -151,14 +151,52 @@ def _rl_steps(tmp_path, cache_dir, **kw) -> dict:
 
 def test_rl_module_shared_prompt_forward_and_samplers_give_the_same_updates(tmp_path, cache_dir):
     ref = _rl_steps(tmp_path, cache_dir, sampler="hf_generate", shared_prompt_forward=False)  # the original path
-    static = _rl_steps(tmp_path, cache_dir, shared_prompt_forward=False)
-    fast = _rl_steps(tmp_path, cache_dir)  # defaults: static sampler, shared-prompt forward
+    # the reference's own forward, as hf_generate's run (scoring it in the decode steps differs at float rounding:
+    # the next test)
+    static = _rl_steps(tmp_path, cache_dir, shared_prompt_forward=False, reference_in_sampling=False)
+    fast = _rl_steps(tmp_path, cache_dir)  # defaults: static sampler, shared-prompt forward, reference in sampling
     start = torch.load(tmp_path / "sft.ckpt", weights_only=False)["state_dict"]
     assert all(torch.equal(ref[k], static[k]) for k in ref)  # the same rollouts (tiny GPT-2), bit for bit
     # AdamW's first steps are ~lr * sign(grad): float rounding in near-zero gradients shows at ~1e-5 after 2 steps
     # at lr 1e-2, against ~1e-2 of movement.
     assert max((ref[k] - start["model." + k]).abs().max() for k in ref) > 1e-2
     assert all(torch.allclose(ref[k], fast[k], atol=1e-4, rtol=0) for k in ref)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+def test_scoring_while_sampling_keeps_the_draws_and_equals_the_scorers_forward(kind):
+    policy, reference = _model(kind), _model(kind)
+    with torch.no_grad():  # a reference that differs from the policy, as after a few RL steps
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    assert can_score(policy, [reference]) and not can_score(policy, [_model("llama")])
+    G = 3
+    ids, mask = _left_padded(4, 7, repeat=G)
+    alone, alone_mask = sample_static(policy, ids, mask, 8, 1.0, EOS, PAD, generator=torch.Generator().manual_seed(0))
+    comp, comp_mask, (scored,) = sample_and_score(policy, [reference], ids, mask, 8, 1.0, EOS, PAD,
+                                                  generator=torch.Generator().manual_seed(0))
+    assert torch.equal(comp, alone) and torch.equal(comp_mask, alone_mask)  # the policy's draws, bit for bit
+    with torch.no_grad():
+        forward = completion_logprobs(reference, ids[::G], mask[::G], comp, comp_mask, G)  # (B, L)
+    assert scored.shape == forward.shape
+    torch.testing.assert_close(scored * comp_mask, forward * comp_mask, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        own = completion_logprobs(policy, ids[::G], mask[::G], comp, comp_mask, G)
+    assert (own - forward).abs().mul(comp_mask).max() > 1e-3  # the reference really is another model
+
+
+def test_rl_module_reference_scored_in_sampling_gives_the_same_updates(tmp_path, cache_dir, monkeypatch):
+    import lightning_modules.policy.rl as rl
+
+    calls = []
+    monkeypatch.setattr(rl, "sample_and_score", lambda *a, **k: calls.append(len(a[1])) or sample_and_score(*a, **k))
+    separate = _rl_steps(tmp_path, cache_dir, reference_in_sampling=False)  # reference_coef 0.1
+    assert calls == []
+    fused = _rl_steps(tmp_path, cache_dir)
+    assert calls == [1, 1]  # two steps, the reference scored inside the decode steps
+    start = torch.load(tmp_path / "sft.ckpt", weights_only=False)["state_dict"]
+    assert max((separate[k] - start["model." + k]).abs().max() for k in separate) > 1e-2
+    assert all(torch.allclose(separate[k], fused[k], atol=1e-4, rtol=0) for k in separate)
 
 
 def test_bad_sampler_names_the_flag():

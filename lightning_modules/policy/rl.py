@@ -16,6 +16,7 @@ from typing import Literal, Optional
 import torch
 
 from lightning_modules.policy.causal_lm import TINY
+from lightning_modules.fast.static_decoder import can_score, sample_and_score
 from lightning_modules.policy.completion_logprobs import completion_logprobs
 from lightning_modules.policy.base import PolicyLMBase, Sampler
 from lightning_modules.policy.losses import (
@@ -58,6 +59,10 @@ class PolicyRLModule(PolicyLMBase):
         shared_prompt_forward: policy and reference log-probs run each prompt once for its G samples (K/V
             repeated) and compute LM logits on completion positions only; false = one forward of the full
             G-times-repeated sequences. Same log-probs to float rounding.
+        reference_in_sampling: with reference_coef > 0 and the static sampler, the reference scores the sampled
+            tokens inside the decode steps (its rows stacked under the policy's in one pass) instead of a forward
+            of its own after sampling; other samplers, LoRA references and other architectures use the forward.
+            Same log-probs to float rounding, same draws.
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -67,7 +72,7 @@ class PolicyRLModule(PolicyLMBase):
                  scale_rewards: bool = True, clip_eps: Optional[float] = 0.2, inner_steps: int = 1,
                  reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
                  grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95, sampler: Sampler = "static",
-                 shared_prompt_forward: bool = True):
+                 shared_prompt_forward: bool = True, reference_in_sampling: bool = True):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
                          eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
@@ -133,7 +138,18 @@ class PolicyRLModule(PolicyLMBase):
         prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)  # (P*G, Tp)
         prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         records = [r for r in batch["records"] for _ in range(G)]
-        comp, comp_mask = self.sample(prompt_ids, prompt_mask, hp.temperature)  # (B, L)
+        if self.reference_coef != 0 and self.frozen_reference is None:
+            raise RuntimeError("--model.reference_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
+                               "in the trainer's callbacks (cli.py always adds it)")
+        scorer = self._sampling_scorer()
+        ref_sampled = None  # (B, L): the reference's log-probs of the completion tokens, from the decode steps
+        if scorer is not None:
+            tok = self.tokenizer
+            comp, comp_mask, (ref_sampled,) = sample_and_score(self.model, [scorer], prompt_ids, prompt_mask,
+                                                               hp.max_new_tokens, hp.temperature, tok.eos_token_id,
+                                                               tok.pad_token_id)
+        else:
+            comp, comp_mask = self.sample(prompt_ids, prompt_mask, hp.temperature)  # (B, L)
         s = self.score(comp, records)
         rewards = s["reward"]
         if hp.algorithm == "grpo":
@@ -157,10 +173,12 @@ class PolicyRLModule(PolicyLMBase):
             tgt_mask = torch.zeros_like(mask[:, 1:])
             tgt_mask[:, prompt_ids.shape[1] - 1:] = loss_mask
         ref_logp = old_logp = None
-        if self.reference_coef != 0:
-            if self.frozen_reference is None:
-                raise RuntimeError("--model.reference_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
-                                   "in the trainer's callbacks (cli.py always adds it)")
+        if ref_sampled is not None and hp.shared_prompt_forward:
+            ref_logp = ref_sampled
+        elif ref_sampled is not None:  # full-sequence layout: completion token j is target Tp + j - 1
+            ref_logp = ref_sampled.new_zeros(tgt_mask.shape)
+            ref_logp[:, prompt_ids.shape[1] - 1:] = ref_sampled
+        elif self.reference_coef != 0:
             ref_logp = logprobs(self.frozen_reference)
         opt = self.optimizers()
         for k in range(hp.inner_steps):
@@ -183,6 +201,14 @@ class PolicyRLModule(PolicyLMBase):
             stats[f"rl/persona_share/{p}/train"] = (s["persona"] == j).float().mean()
         self.log_dict(stats, prog_bar=False)
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
+
+    def _sampling_scorer(self):
+        """The reference model to score inside the decode steps, or None (then it runs its own forward)."""
+        if self.reference_coef == 0 or not self.hparams.reference_in_sampling or self.sampler != "static":
+            return None
+        # the callback's FrozenReference holds a frozen copy in `.model` (None: a LoRA base with adapters disabled)
+        model = getattr(getattr(self.frozen_reference, "reference", None), "model", None)
+        return model if model is not None and can_score(self.model, [model]) else None
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.evaluate_batch(batch)
