@@ -138,7 +138,10 @@ class PolicyLMBase(LightningModule):
         return self.loaded_fidelity
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        # fused: one kernel over all parameters (the per-tensor foreach path costs ~10% of a small GRPO step on CPU);
+        # the same update to float rounding
+        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
+                                 fused=True)
 
     # ------------------------------------------------------------------------------------------------ forward
     def sequence_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, model=None) -> torch.Tensor:
