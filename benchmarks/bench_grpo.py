@@ -9,12 +9,15 @@ same prompt token ids, BOS included), G = 8 samples each (32 completions), up to
 lr 1e-5, gradient clip 1; fp32, 2 threads, TRL's gradient checkpointing and bf16 off. β > 0 adds the k3 KL to a
 frozen reference (ours: ReferenceModelCallback; TRL: its reference model). A random-init model rarely samples
 EOS, so both generate (nearly) the full 24 tokens: the mean completion length is reported for each.
-Variants are fresh processes, interleaved. Prints one JSON line; a markdown table to stderr.
+Variants are fresh processes, interleaved. Timing: from the end of step `--warmup` to the end of the last step
+(30 steps, 25 timed by default: rounds agree within ≈ 10% on a quiet machine); each run also reports its median
+step time. Prints one JSON line (per-round figures, their spread, per-round ratios); a markdown table to stderr.
 
 Variants: trl (GRPOTrainer); ours (PolicyRLModule with its defaults: `--model.sampler static`, the static-KV-cache
 decoder, and `--model.shared_prompt_forward true`, each prompt run once per group in the log-prob forwards);
 the levers one at a time: ours_generate (sampler hf_generate, full forwards: the module before the levers),
-ours_kvloop (sampler kv_loop, full forwards), ours_static (sampler static, full forwards).
+ours_kvloop (sampler kv_loop, full forwards), ours_static (sampler static, full forwards), ours_ref_forward (the
+defaults but the reference's own forward after sampling instead of scoring in the decode steps; β > 0 only).
 """
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ from benchmarks import common as C  # noqa: E402
 FAMILY, RL_DIST = "two_policies", "A"
 OURS = {"ours": {}, "ours_generate": dict(sampler="hf_generate", shared_prompt_forward=False),
         "ours_kvloop": dict(sampler="kv_loop", shared_prompt_forward=False),
-        "ours_static": dict(sampler="static", shared_prompt_forward=False)}
+        "ours_static": dict(sampler="static", shared_prompt_forward=False),
+        "ours_ref_forward": dict(reference_in_sampling=False)}
+BETA_ONLY = {"ours_ref_forward"}  # identical to "ours" at β = 0
 
 
 def trigger_dm(args, seed: int):
@@ -146,8 +151,12 @@ def result(args, timer: "C.StepTimer", lengths: list[float]) -> dict:
     seconds, items = timer.window()
     completions = sum(i["completions"] for i in items)
     clean = [x for x in lengths if x == x]
+    steps = timer.step_times()
+    median_step = sorted(steps)[len(steps) // 2]
     return {"variant": args.variant, "beta": args.beta, "seed": args.seed, "steps_timed": len(items),
             "completions_per_s": round(completions / seconds, 3), "steps_per_s": round(len(items) / seconds, 4),
+            "median_step_s": round(median_step, 4),
+            "completions_per_s_median_step": round(completions / len(items) / median_step, 3),
             "mean_completion_tokens": round(sum(clean) / len(clean), 2) if clean else None,
             "peak_rss_mb": round(C.peak_rss_mb(), 1)}
 
@@ -157,8 +166,8 @@ def main() -> None:
     p.add_argument("--betas", nargs="+", type=float, default=[0.0, 0.04])
     p.add_argument("--variants", nargs="+", default=["ours", "trl"], choices=[*OURS, "trl"])
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -178,7 +187,7 @@ def main() -> None:
     common = ["--worker", "--steps", str(args.steps), "--warmup", str(args.warmup), "--prompts", str(args.prompts),
               "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--lr",
               str(args.lr), "--work-dir", args.work_dir]
-    labels = [f"{v}@beta={b:g}" for b in args.betas for v in args.variants]
+    labels = [f"{v}@beta={b:g}" for b in args.betas for v in args.variants if b > 0 or v not in BETA_ONLY]
 
     def run(label: str, r: int) -> dict:
         v, b = label.split("@beta=")
@@ -186,23 +195,31 @@ def main() -> None:
 
     t0 = time.perf_counter()
     runs = C.interleave(labels, args.repeats, run, C.eprint)
-    keys = ("completions_per_s", "steps_per_s", "mean_completion_tokens", "peak_rss_mb")
+    keys = ("completions_per_s", "steps_per_s", "mean_completion_tokens", "peak_rss_mb", "completions_per_s_median_step")
     table = {v: {k: C.summary([r[k] for r in rs if r[k] is not None], 4) for k in keys} for v, rs in runs.items()}
+    for v, rs in runs.items():  # do the rounds agree? (max - min) / median of the rounds' completions/s
+        per_round = [r["completions_per_s"] for r in rs]
+        table[v]["per_round"] = per_round
+        table[v]["spread"] = round((max(per_round) - min(per_round)) / table[v]["completions_per_s"]["median"], 4)
     ratios = {}
     for b, ours in ((b, o) for b in args.betas for o in OURS):
         o, t = f"{ours}@beta={b:g}", f"trl@beta={b:g}"
         if o in runs and t in runs:
             ratios[f"{ours}/trl@beta={b:g}"] = {
                 "completions_per_s": round(table[o]["completions_per_s"]["median"] / table[t]["completions_per_s"]["median"], 3),
-                "per_round": [round(a["completions_per_s"] / c["completions_per_s"], 3) for a, c in zip(runs[o], runs[t])]}
+                "per_round": [round(a["completions_per_s"] / c["completions_per_s"], 3) for a, c in zip(runs[o], runs[t])],
+                "median_step": round(table[o]["completions_per_s_median_step"]["median"]
+                                     / table[t]["completions_per_s_median_step"]["median"], 3)}
     out = {"bench": "grpo", "machine": C.machine_info(),
            "config": {"model": C.MODEL_OVERRIDES, "family": FAMILY, "prompts_per_step": args.prompts,
                       "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "steps": args.steps,
                       "warmup": args.warmup, "repeats": args.repeats, "threads": C.THREADS, "dtype": "fp32"},
            "results": table, "ratios_vs_trl": ratios, "wall_s": round(time.perf_counter() - t0, 1)}
-    C.eprint(C.markdown_table(["variant", "completions/s", "steps/s", "mean completion tokens"],
-                              [[v, *(f"{t[k]['median']} [{t[k]['min']}, {t[k]['max']}]" for k in keys[:3])]
+    C.eprint(C.markdown_table(["variant", "completions/s", "steps/s", "mean completion tokens", "rounds", "spread"],
+                              [[v, *(f"{t[k]['median']} [{t[k]['min']}, {t[k]['max']}]" for k in keys[:3]),
+                                ", ".join(f"{x:g}" for x in t["per_round"]), f"{100 * t['spread']:.1f}%"]
                                for v, t in table.items()]))
+    C.eprint(json.dumps(ratios))
     print(json.dumps(out))
 
 
