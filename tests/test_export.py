@@ -284,6 +284,13 @@ def test_existing_out_dir_and_foreign_files_are_refused(plain_ckpt, tmp_path, ca
     assert "is not a torch checkpoint" in err
 
 
+def test_checkpoint_written_by_the_cli_exports(plain_ckpt, tmp_path):
+    """LightningCLI adds `_class_path` to the saved hyperparameters; the export must not pass it to the module."""
+    ckpt = _with_hparams(plain_ckpt, tmp_path, _class_path="lightning_modules.reward.reward_model.RewardModelModule")
+    facts = export_checkpoint(ckpt, str(tmp_path / "out"))
+    assert facts["max_abs_diff"] <= 1e-5 and os.path.isfile(tmp_path / "out" / "model.safetensors")
+
+
 def test_a_scoring_difference_refuses_the_export(plain_ckpt, tmp_path, monkeypatch):
     import lightning_modules.export.reward_model as rm
 

@@ -83,7 +83,7 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
     if data_hp is None:
         raise ExportError(f"{ckpt_path!r} does not record its datamodule's hyperparameters, so the tokenizer it was "
                           "trained with is unknown; export a checkpoint written by `cli.py fit` / the protocol")
-    dm = TriggerDataModule(**data_hp)
+    dm = TriggerDataModule(**{k: v for k, v in data_hp.items() if not k.startswith("_")})  # LightningCLI's _class_path
     tok = dm.tokenizer
     fp = ckpt.get("tokenizer_fingerprint")
     if fp is not None and fp != tokenizer_fingerprint(tok):

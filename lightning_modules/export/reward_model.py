@@ -314,7 +314,7 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
     from datamodules.tokenizers import load_tokenizer
     from lightning_modules.reward.reward_model import RewardModelModule
 
-    hp = ckpt["hyper_parameters"]
+    hp = {k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")}  # LightningCLI's _class_path
     refuse_unexportable(hp, lora_only)
     prov = gather_provenance(ckpt, ckpt_path, results)
     module = RewardModelModule(**hp)
