@@ -143,6 +143,26 @@ def test_keep_layers_loads_the_pretrained_lower_layers():
     assert any(name.startswith("encoder.layer.5.") for name in full_state)
 
 
+def test_keep_layers_zero_is_a_bag_of_embeddings():
+    """keep_layers=0: the pretrained embeddings alone; no token's state depends on another token."""
+    from lightning_modules.reward.backbones import num_layers
+    from lightning_modules.reward.reward_model import RewardModelModule
+
+    model = RewardModelModule(backbone="minilm", pooling="mean", keep_layers=0).eval()
+    assert num_layers(model.backbone) == 0 and len(model.backbone.encoder.layer) == 0
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
+    changed = ids.clone()
+    changed[0, 2] = 2106
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        h, h_changed = (model.backbone(input_ids=x, attention_mask=mask).last_hidden_state for x in (ids, changed))
+    keep = [0, 1, 3, 4, 5]
+    torch.testing.assert_close(h[0, keep], h_changed[0, keep], rtol=0, atol=0)
+    assert not torch.allclose(h[0, 2], h_changed[0, 2])
+    with pytest.raises(ValueError, match=r"keep_layers must be in \[0, 6\]"):
+        RewardModelModule(backbone="minilm", keep_layers=7)
+
+
 @pytest.mark.parametrize("backbone, pooling", [("tiny-qwen2", "last"), ("tiny-llama", "last"), ("tiny-gpt2", "last"),
                                                ("tiny-gpt2", "mean"), ("minilm", "mean")])
 def test_no_trainable_parameter_is_driven_by_noise(word_tokenizer_dir, cache_dir, backbone, pooling):

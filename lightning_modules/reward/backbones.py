@@ -70,7 +70,8 @@ def build_backbone(
     """The base transformer for `name` (see module docstring); quantization needs a pretrained checkpoint.
 
     `keep_layers` loads only the first k transformer layers of a pretrained checkpoint (the embeddings and
-    those layers keep their pretrained weights): a smaller model of the same family, e.g. a weak teacher.
+    those layers keep their pretrained weights): a smaller model of the same family, e.g. a weak teacher; 0 keeps
+    the embeddings alone (a bag-of-embeddings model under mean pooling: no token sees another).
     """
     if keep_layers is not None and is_tiny(name):
         raise ValueError(f"--model.keep_layers applies to pretrained backbones; for {name!r} set "
@@ -106,8 +107,8 @@ def build_backbone(
 def _layer_count_key(cfg: PretrainedConfig, name: str, keep: int) -> str:
     key = "num_hidden_layers" if hasattr(cfg, "num_hidden_layers") else "n_layer"
     total = getattr(cfg, key)
-    if not 1 <= keep <= total:
-        raise ValueError(f"--model.keep_layers must be in [1, {total}] for {name!r} ({total} layers), got {keep}")
+    if not 0 <= keep <= total:
+        raise ValueError(f"--model.keep_layers must be in [0, {total}] for {name!r} ({total} layers), got {keep}")
     return key
 
 
@@ -143,7 +144,8 @@ def hidden_size(backbone: nn.Module) -> int:
 
 def num_layers(backbone: nn.Module) -> int:
     cfg = backbone.config
-    return int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    n = getattr(cfg, "num_hidden_layers", None)
+    return int(n if n is not None else cfg.n_layer)  # 0 is a valid count (keep_layers 0)
 
 
 def disable_dropout(module: nn.Module) -> None:
