@@ -240,9 +240,9 @@ def backbone_layer_count(a: dict) -> int:
         except (OSError, ValueError) as err:
             raise ValueError(f"--model.backbone {name!r}: cannot read its config: {str(err)[:300]}") from None
     n = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
-    if keep is not None and not 1 <= keep <= n:
-        raise ValueError(f"--model.keep_layers must be in [1, {n}] for {name!r} ({n} layers), got {keep}")
-    return keep or n
+    if keep is not None and not 0 <= keep <= n:
+        raise ValueError(f"--model.keep_layers must be in [0, {n}] for {name!r} ({n} layers), got {keep}")
+    return n if keep is None else keep
 
 
 def _check_data(data: dict) -> None:

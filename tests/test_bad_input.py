@@ -37,7 +37,7 @@ def test_contradictory_data_config(word_tokenizer_dir, cache_dir, kwargs, messag
     (dict(pooling="max"), "--model.pooling"),
     (dict(tokenizer=None), "--model.tokenizer is required"),
     (dict(backbone="minilm", tiny_config={"hidden_size": 8}), "--model.tiny_config only applies"),
-    (dict(backbone="minilm", tokenizer="minilm", keep_layers=7), r"--model.keep_layers must be in \[1, 6\]"),
+    (dict(backbone="minilm", tokenizer="minilm", keep_layers=7), r"--model.keep_layers must be in \[0, 6\]"),
     (dict(keep_layers=1), "--model.keep_layers applies to pretrained backbones"),
     (dict(anchor_coef=1.0, anchor_layers=[0.5, 1.0], freeze_layers=1), r"hidden state\(s\) \[1\].*identically 0"),
 ])
