@@ -16,8 +16,9 @@ step time. Prints one JSON line (per-round figures, their spread, per-round rati
 Variants: trl (GRPOTrainer); ours (PolicyRLModule with its defaults: `--model.sampler static`, the static-KV-cache
 decoder, and `--model.shared_prompt_forward true`, each prompt run once per group in the log-prob forwards);
 the levers one at a time: ours_generate (sampler hf_generate, full forwards: the module before the levers),
-ours_kvloop (sampler kv_loop, full forwards), ours_static (sampler static, full forwards), ours_ref_forward (the
-defaults but the reference's own forward after sampling instead of scoring in the decode steps; β > 0 only).
+ours_kvloop (sampler kv_loop, full forwards), ours_static (sampler static, full forwards), ours_ref_in_sampling
+(the defaults, but the reference scores the sampled tokens inside the decode steps instead of its own forward after
+sampling: `--model.reference_in_sampling true`; β > 0 only).
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ FAMILY, RL_DIST = "two_policies", "A"
 OURS = {"ours": {}, "ours_generate": dict(sampler="hf_generate", shared_prompt_forward=False),
         "ours_kvloop": dict(sampler="kv_loop", shared_prompt_forward=False),
         "ours_static": dict(sampler="static", shared_prompt_forward=False),
-        "ours_ref_forward": dict(reference_in_sampling=False)}
-BETA_ONLY = {"ours_ref_forward"}  # identical to "ours" at β = 0
+        "ours_ref_in_sampling": dict(reference_in_sampling=True)}
+BETA_ONLY = {"ours_ref_in_sampling"}  # identical to "ours" at β = 0
 
 
 def trigger_dm(args, seed: int):

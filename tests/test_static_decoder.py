@@ -110,9 +110,12 @@ def test_unsupported_configs_fall_back_to_the_kv_loop():
     assert torch.equal(ours, ref)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "gpt2"])  # qwen2 / llama: the fused path on the weights
 def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(kind):
+    from lightning_modules.policy.completion_logprobs import _fused_ok
+
     model = _model(kind).train()
+    assert _fused_ok(model) == (kind != "gpt2")
     P, G, L = 3, 4, 5
     prompts, prompt_mask = _left_padded(P, 6)
     comp = torch.randint(3, V, (P * G, L), generator=torch.Generator().manual_seed(2))
@@ -151,10 +154,8 @@ def _rl_steps(tmp_path, cache_dir, **kw) -> dict:
 
 def test_rl_module_shared_prompt_forward_and_samplers_give_the_same_updates(tmp_path, cache_dir):
     ref = _rl_steps(tmp_path, cache_dir, sampler="hf_generate", shared_prompt_forward=False)  # the original path
-    # the reference's own forward, as hf_generate's run (scoring it in the decode steps differs at float rounding:
-    # the next test)
-    static = _rl_steps(tmp_path, cache_dir, shared_prompt_forward=False, reference_in_sampling=False)
-    fast = _rl_steps(tmp_path, cache_dir)  # defaults: static sampler, shared-prompt forward, reference in sampling
+    static = _rl_steps(tmp_path, cache_dir, shared_prompt_forward=False)
+    fast = _rl_steps(tmp_path, cache_dir)  # defaults: static sampler, shared-prompt forward
     start = torch.load(tmp_path / "sft.ckpt", weights_only=False)["state_dict"]
     assert all(torch.equal(ref[k], static[k]) for k in ref)  # the same rollouts (tiny GPT-2), bit for bit
     # AdamW's first steps are ~lr * sign(grad): float rounding in near-zero gradients shows at ~1e-5 after 2 steps
@@ -190,9 +191,9 @@ def test_rl_module_reference_scored_in_sampling_gives_the_same_updates(tmp_path,
 
     calls = []
     monkeypatch.setattr(rl, "sample_and_score", lambda *a, **k: calls.append(len(a[1])) or sample_and_score(*a, **k))
-    separate = _rl_steps(tmp_path, cache_dir, reference_in_sampling=False)  # reference_coef 0.1
+    separate = _rl_steps(tmp_path, cache_dir)  # reference_coef 0.1, its own forward (the default)
     assert calls == []
-    fused = _rl_steps(tmp_path, cache_dir)
+    fused = _rl_steps(tmp_path, cache_dir, reference_in_sampling=True)
     assert calls == [1, 1]  # two steps, the reference scored inside the decode steps
     start = torch.load(tmp_path / "sft.ckpt", weights_only=False)["state_dict"]
     assert max((separate[k] - start["model." + k]).abs().max() for k in separate) > 1e-2

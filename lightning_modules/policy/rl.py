@@ -62,7 +62,9 @@ class PolicyRLModule(PolicyLMBase):
         reference_in_sampling: with reference_coef > 0 and the static sampler, the reference scores the sampled
             tokens inside the decode steps (its rows stacked under the policy's in one pass) instead of a forward
             of its own after sampling; other samplers, LoRA references and other architectures use the forward.
-            Same log-probs to float rounding, same draws.
+            Same log-probs to float rounding, same draws. Off by default: on a 2-core CPU the decode steps are
+            bound by per-op cost, so the reference's share of them costs more than its batched forward
+            (docs/benchmarks.md, GRPO).
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -72,7 +74,7 @@ class PolicyRLModule(PolicyLMBase):
                  scale_rewards: bool = True, clip_eps: Optional[float] = 0.2, inner_steps: int = 1,
                  reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
                  grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95, sampler: Sampler = "static",
-                 shared_prompt_forward: bool = True, reference_in_sampling: bool = True):
+                 shared_prompt_forward: bool = True, reference_in_sampling: bool = False):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
                          eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
@@ -179,7 +181,12 @@ class PolicyRLModule(PolicyLMBase):
             ref_logp = ref_sampled.new_zeros(tgt_mask.shape)
             ref_logp[:, prompt_ids.shape[1] - 1:] = ref_sampled
         elif self.reference_coef != 0:
-            ref_logp = logprobs(self.frozen_reference)
+            ref_model = self._reference_model()
+            if ref_model is None:
+                ref_logp = logprobs(self.frozen_reference)
+            else:  # the frozen copy itself: completion_logprobs' fused path applies to it too
+                with torch.no_grad():
+                    ref_logp = logprobs(ref_model)
         opt = self.optimizers()
         for k in range(hp.inner_steps):
             logp = logprobs()
@@ -206,9 +213,13 @@ class PolicyRLModule(PolicyLMBase):
         """The reference model to score inside the decode steps, or None (then it runs its own forward)."""
         if self.reference_coef == 0 or not self.hparams.reference_in_sampling or self.sampler != "static":
             return None
-        # the callback's FrozenReference holds a frozen copy in `.model` (None: a LoRA base with adapters disabled)
-        model = getattr(getattr(self.frozen_reference, "reference", None), "model", None)
+        model = self._reference_model()
         return model if model is not None and can_score(self.model, [model]) else None
+
+    def _reference_model(self):
+        """The frozen reference copy (an nn.Module), or None (a LoRA base with adapters disabled, or no reference):
+        the callback's FrozenReference holds the copy in `.model`."""
+        return getattr(getattr(self.frozen_reference, "reference", None), "model", None)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.evaluate_batch(batch)
