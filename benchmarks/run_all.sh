@@ -16,9 +16,10 @@ run rm_train benchmarks/bench_rm_train.py --repeats 3 --train-pairs 400 --peak-g
 run rm_eval benchmarks/bench_rm_eval.py --repeats 3 --test-pairs 384 --peak-gflops "$PEAK" \
     --variants ours full_last_layer sorted trl
 run anchor benchmarks/bench_anchor.py --repeats 2 --steps 8 --train-pairs 400
-run grpo benchmarks/bench_grpo.py --repeats 2 --steps 8 --variants ours ours_static ours_generate trl
+run grpo benchmarks/bench_grpo.py --repeats 2 --variants ours ours_ref_in_sampling ours_static ours_generate trl
 run rm_train_levers benchmarks/bench_rm_train.py --repeats 1 --train-pairs 400 --peak-gflops "$PEAK" \
     --variants padded grouped full_last_layer random_buckets bf16
 run scaling benchmarks/bench_scaling.py --steps 2 --peak-gflops "$PEAK"
 run profile_rm benchmarks/profile_steps.py rm --steps 4
 run profile_grpo benchmarks/profile_steps.py grpo --steps 6 --beta 0.04
+run data_prep benchmarks/bench_data_prep.py --sizes 100000 300000 --num-proc 2

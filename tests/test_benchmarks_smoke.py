@@ -46,3 +46,19 @@ def test_step_timer_window():
     seconds, items = t.window()
     assert seconds == 5.0 and len(items) == 2
     assert t.step_times() == [2.0, 3.0]
+
+
+def test_data_prep_workload_and_measured_child(tmp_path):
+    import pyarrow.parquet as pq
+
+    from benchmarks import bench_data_prep as D
+
+    paths = D.write_parquet_workload(str(tmp_path), 25, 5)
+    assert pq.read_table(f"{paths['data_dir']}/train_prefs.parquet").num_rows == 25
+    assert pq.read_table(f"{paths['data_dir']}/test_prefs.parquet").num_rows == 5
+    assert D.dir_size_mb(paths["data_dir"]) > 0
+    kw = D.datamodule_kwargs("synthetic", 1000, "tok", "")
+    assert kw["source_options"]["synth_helpful_cooking"] == {"n_train": 1000, "n_validation": 50, "n_test": 20}
+    out = D.run_measured([sys.executable, "-c", "x = bytearray(50 * 2**20); print('{\"total_s\": 1.5}')"])
+    assert out["total_s"] == 1.5 and out["peak_rss_mb"] >= 50 and out["cpu_s"] >= 0
+    assert "trl" not in sys.modules
