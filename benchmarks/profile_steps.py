@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/profile_steps.py rm     # RewardModelModule step (length-bucketed), op table
     .venv/bin/python benchmarks/profile_steps.py grpo   # PolicyRLModule steps under the Trainer, function table
+    .venv/bin/python benchmarks/profile_steps.py decode # the static decoder's step, eager vs torch.compile
 
 Prints one JSON line (top entries and the shares the docs quote); the full tables go to stderr.
 """
@@ -96,9 +97,58 @@ def profile_grpo(args) -> dict:
             "share_backward": round(back / step, 3), "share_score": round(score / step, 3)}
 
 
+def profile_decode(args) -> dict:
+    """One decode step of the GRPO workload (32 rows, 14-token prompts, 24 new tokens): eager vs
+    `torch.compile(dynamic=True)`, per step in wall and CPU time, and the compiled logits' largest difference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks import bench_grpo as G
+    from lightning_modules.fast.static_decoder import _decoder
+
+    torch.set_num_threads(args.threads)
+    ns = argparse.Namespace(work_dir=args.work_dir, prompts=4, steps=2, group_size=8)
+    model = AutoModelForCausalLM.from_pretrained(G.model_dir(ns)).eval()
+    B, Tp, L = 32, 14, 24
+    S = Tp + L
+    dec = _decoder([model], S)
+    cfg = model.config
+    shape = (B, cfg.num_key_value_heads, S, cfg.hidden_size // cfg.num_attention_heads)
+    keys = [torch.randn(shape) for _ in dec.layers]
+    values = [torch.randn(shape) for _ in dec.layers]
+    mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    tok, pos = torch.randint(3, cfg.vocab_size, (B,)), torch.full((B,), Tp)
+
+    @torch.no_grad()
+    def per_step(step, reps: int = 3) -> tuple[float, float]:
+        walls, cpus = [], []
+        for _ in range(reps):
+            w, c = time.perf_counter(), time.process_time()
+            for j in range(L - 1):
+                step(tok, pos + j, Tp + j, keys, values, mask[..., :Tp + j + 1])
+            walls.append((time.perf_counter() - w) / (L - 1))
+            cpus.append((time.process_time() - c) / (L - 1))
+        return sorted(walls)[reps // 2], sorted(cpus)[reps // 2]
+
+    eager = per_step(dec.step)
+    compiled = torch.compile(dec.step, dynamic=True)
+    t0 = time.perf_counter()
+    per_step(compiled, reps=1)
+    compile_s = time.perf_counter() - t0
+    fast = per_step(compiled)
+    with torch.no_grad():
+        diff = (dec.step(tok, pos, Tp, keys, values, mask[..., :Tp + 1])
+                - compiled(tok, pos, Tp, keys, values, mask[..., :Tp + 1])).abs().max().item()
+    return {"profile": "decode_step", "threads": args.threads, "eager_ms": round(1e3 * eager[0], 3),
+            "eager_cpu_ms": round(1e3 * eager[1], 3), "compiled_ms": round(1e3 * fast[0], 3),
+            "compiled_cpu_ms": round(1e3 * fast[1], 3), "first_compiled_pass_s": round(compile_s, 1),
+            "speedup_wall": round(eager[0] / fast[0], 3), "max_abs_logit_diff": diff}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["rm", "grpo"])
+    p.add_argument("what", choices=["rm", "grpo", "decode"])
+    p.add_argument("--threads", type=int, default=2, help="decode: torch threads")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--buckets", type=int, default=4)
     p.add_argument("--beta", type=float, default=0.0)
@@ -106,7 +156,7 @@ def main() -> None:
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     args = p.parse_args()
     C.offline_env()
-    print(json.dumps(profile_rm(args) if args.what == "rm" else profile_grpo(args)))
+    print(json.dumps({"rm": profile_rm, "grpo": profile_grpo, "decode": profile_decode}[args.what](args)))
 
 
 if __name__ == "__main__":

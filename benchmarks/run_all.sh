@@ -23,3 +23,4 @@ run scaling benchmarks/bench_scaling.py --steps 2 --peak-gflops "$PEAK"
 run profile_rm benchmarks/profile_steps.py rm --steps 4
 run profile_grpo benchmarks/profile_steps.py grpo --steps 6 --beta 0.04
 run data_prep benchmarks/bench_data_prep.py --sizes 100000 300000 --num-proc 2
+run profile_decode benchmarks/profile_steps.py decode
