@@ -14,6 +14,14 @@ W2S student's 4 of 6), `--variants` starting with fp_ (the cached ones are timed
     fp_naive / fp_naive_cached        anchor_coef 0, plain / `--model.cache_frozen_prefix`
     fp_anchor / fp_anchor_shared / fp_anchor_cached   ANCHOR (λ 1, last layer), plain / prefix run once and
                  handed to the reference (`--model.share_frozen_prefix`) / prefix memoised per sequence
+The W2S demo's student (`--variants` starting with w2s_): the pretrained MiniLM of configs/model/minilm_student.yaml
+(mean pooling, `freeze_layers` 4 of 6, `cache_frozen_prefix`, soft BT, AdamW 2e-4) on the synthetic benchmark's
+student half (synth_helpful_cooking, max_length 128, 16 pairs per step, gold labels: the labels do not change the
+cost), with `--reference.cache_outputs` as the demo's ANCHOR method:
+    w2s_naive / w2s_anchor            anchor_coef 0 / 100 (last layer)
+`--epochs E` times whole fits instead of a window of steps: every step of E epochs (its batch_start..batch_end),
+each epoch's wall (no validation) and their sum; the ratios then come per epoch (mean step) and for the whole fit.
+The variants of one round see the same batches in the same order (same seed), so a ratio compares equal work.
 All use one padded forward per step (`length_buckets` 1; the anchored forward needs every token's hidden state).
 Memory: the peak RSS of the process, and the training increment = peak RSS sampled every 2 ms during `fit`
 minus the RSS just before it (imports, data and the model itself are common to all variants and would hide the
@@ -44,10 +52,16 @@ VARIANTS = {
     "fp_anchor": dict(anchor_coef=1.0, frozen=True),
     "fp_anchor_shared": dict(anchor_coef=1.0, frozen=True, share_frozen_prefix=True),
     "fp_anchor_cached": dict(anchor_coef=1.0, frozen=True, cache_frozen_prefix=True),
+    "w2s_naive": dict(anchor_coef=0.0, w2s=True),
+    "w2s_anchor": dict(anchor_coef=100.0, w2s=True, cache_outputs=True),
 }
+# configs/model/minilm_student.yaml's init_args (tests/test_benchmarks_smoke.py keeps the two in step)
+W2S_STUDENT = dict(backbone="minilm", tokenizer="minilm", pooling="mean", freeze_layers=4, cache_frozen_prefix=True)
+W2S_LR = 2.0e-4
+W2S_PAIRS = {"n_train": 1600, "n_validation": 200, "n_test": 300}  # configs/experiment/w2s_demo.yaml's sizes
 FROZEN_PREFIX_RATIOS = (("fp_naive_cached", "fp_naive"), ("fp_anchor", "fp_naive"), ("fp_anchor_shared", "fp_naive"),
                         ("fp_anchor_cached", "fp_naive"), ("fp_anchor_shared", "fp_anchor"),
-                        ("fp_anchor_cached", "fp_anchor"))
+                        ("fp_anchor_cached", "fp_anchor"), ("w2s_anchor", "w2s_naive"))
 
 
 def current_rss_mb() -> float:
@@ -78,6 +92,65 @@ class RssSampler:
         self.peak = max(self.peak, current_rss_mb())
 
 
+def w2s_student(anchor_coef: float, seed: int, cache_dir: str, batch_size: int = 16):
+    """The demo's MiniLM student and the synthetic benchmark's student half."""
+    import torch
+
+    from datamodules.preference.datamodule import PreferenceDataModule
+    from lightning_modules.reward.objectives import SoftBradleyTerry
+    from lightning_modules.reward.reward_model import RewardModelModule
+
+    dm = PreferenceDataModule(source="synth_helpful_cooking", tokenizer="minilm", max_length=128,
+                              source_options={"synth_helpful_cooking": dict(W2S_PAIRS)}, train_subset="student",
+                              train_labels="gold", batch_size=batch_size, eval_batch_size=64, seed=seed,
+                              cache_dir=cache_dir)
+    torch.manual_seed(seed)
+    model = RewardModelModule(**W2S_STUDENT, objective=SoftBradleyTerry(), anchor_coef=anchor_coef,
+                              optimizer=lambda p: torch.optim.AdamW(p, lr=W2S_LR, weight_decay=0.0))
+    return model, dm
+
+
+class FitClock:
+    """Per step (batch_start..batch_end) and per epoch (epoch_start..epoch_end) wall times of a fit."""
+
+    def __init__(self):
+        self.steps: list[tuple[int, float]] = []  # (epoch, seconds)
+        self.epochs: list[float] = []
+
+    def callback(self):
+        import lightning.pytorch as pl
+
+        clock = self
+
+        class _Clock(pl.Callback):
+            def on_train_epoch_start(self, trainer, pl_module):
+                clock._epoch0 = time.perf_counter()
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                clock._step0 = time.perf_counter()
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                clock.steps.append((trainer.current_epoch, time.perf_counter() - clock._step0))
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                clock.epochs.append(time.perf_counter() - clock._epoch0)
+
+        return _Clock()
+
+    def summary(self, warmup: int) -> dict:
+        """Mean step per epoch (epoch 1 without its first `warmup` steps: lazy allocations), each epoch's wall and
+        the fit's (sum of epochs: training only, no validation)."""
+        out = {}
+        for e in range(len(self.epochs)):
+            times = [t for ep, t in self.steps if ep == e][warmup if e == 0 else 0:]
+            out[f"epoch{e + 1}_step_s_mean"] = round(sum(times) / len(times), 4)
+            out[f"epoch{e + 1}_step_s_median"] = round(sorted(times)[len(times) // 2], 4)
+            out[f"epoch{e + 1}_s"] = round(self.epochs[e], 3)
+        out["fit_train_s"] = round(sum(self.epochs), 3)
+        out["steps_per_epoch"] = len(self.steps) // max(len(self.epochs), 1)
+        return out
+
+
 def worker(args, paths: dict) -> dict:
     import lightning.pytorch as pl
     import torch
@@ -90,23 +163,31 @@ def worker(args, paths: dict) -> dict:
     cached = cfg.pop("cache_outputs", False)
     if cfg.pop("frozen", False):
         cfg["freeze_layers"] = args.freeze_layers
-    cached = cached or cfg.get("cache_frozen_prefix", False)
-    dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
-    torch.manual_seed(args.seed)
-    model = C.reward_module(paths["tokenizer"], lr=args.lr, lora=lora, **cfg)
+    if cfg.pop("w2s", False):
+        model, dm = w2s_student(cfg["anchor_coef"], args.seed, paths["cache_dir"], args.batch_size)
+    else:
+        cached = cached or cfg.get("cache_frozen_prefix", False)
+        dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
+        torch.manual_seed(args.seed)
+        model = C.reward_module(paths["tokenizer"], lr=args.lr, lora=lora, **cfg)
     dm.prepare_data()
     dm.setup("fit")
-    first_epoch = len(dm.train_dataloader()) if cached else 0  # untimed: it fills the reference cache
+    if args.epochs:  # whole fits: every step of every epoch is timed
+        first_epoch, limits = 0, dict(max_epochs=args.epochs)
+    else:
+        first_epoch = len(dm.train_dataloader()) if cached else 0  # untimed: it fills the reference cache
+        limits = dict(max_steps=first_epoch + args.steps)
     timer = C.StepTimer(warmup=first_epoch + args.warmup)
+    clock = FitClock()
 
     class Timing(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             timer.mark(pairs=len(batch["labels"]))
 
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=first_epoch + args.steps, logger=False, enable_checkpointing=False,
+        accelerator="cpu", devices=1, **limits, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=[Timing(), ReferenceModelCallback(cache_outputs=cached)],
+        callbacks=[Timing(), clock.callback(), ReferenceModelCallback(cache_outputs=cached)],
         default_root_dir=tempfile.mkdtemp(prefix="bench_anchor_"),
     )
     before = current_rss_mb()
@@ -114,12 +195,15 @@ def worker(args, paths: dict) -> dict:
         trainer.fit(model, datamodule=dm)
     seconds, items = timer.window()
     times = timer.step_times()
-    return {"variant": args.variant, "seed": args.seed, "step_s_median": round(sorted(times)[len(times) // 2], 4),
-            "step_s_mean": round(seconds / len(items), 4), "rss_before_fit_mb": round(before, 1),
-            "fit_peak_rss_mb": round(rss.peak, 1), "fit_increment_mb": round(rss.peak - before, 1),
-            "peak_rss_mb": round(C.peak_rss_mb(), 1),
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "prefix_cache_mb_per_1k_pairs": prefix_cache_per_1k(model)}
+    out = {"variant": args.variant, "seed": args.seed, "step_s_median": round(sorted(times)[len(times) // 2], 4),
+           "step_s_mean": round(seconds / len(items), 4), "rss_before_fit_mb": round(before, 1),
+           "fit_peak_rss_mb": round(rss.peak, 1), "fit_increment_mb": round(rss.peak - before, 1),
+           "peak_rss_mb": round(C.peak_rss_mb(), 1),
+           "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "prefix_cache_mb_per_1k_pairs": prefix_cache_per_1k(model)}
+    if args.epochs:
+        out.update(clock.summary(args.warmup))
+    return out
 
 
 def prefix_cache_per_1k(model) -> float:
@@ -141,6 +225,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--freeze-layers", type=int, default=3, help="--model.freeze_layers of the fp_ variants")
     p.add_argument("--train-pairs", type=int, default=640)
+    p.add_argument("--epochs", type=int, default=0,
+                   help="time whole fits of this many epochs (per-epoch and whole-fit ratios); 0 = a window of --steps")
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
@@ -153,10 +239,13 @@ def main() -> None:
         return
     C.preference_datamodule(paths, args.batch_size, 64).prepare_data()
     common = ["--worker", "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
-              "--warmup", str(args.warmup), "--freeze-layers", str(args.freeze_layers), "--train-pairs", str(args.train_pairs), "--work-dir", args.work_dir]
+              "--warmup", str(args.warmup), "--epochs", str(args.epochs), "--freeze-layers", str(args.freeze_layers),
+              "--train-pairs", str(args.train_pairs), "--work-dir", args.work_dir]
     runs = C.interleave(args.variants, args.repeats,
                         lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)]), C.eprint)
     keys = ("step_s_median", "step_s_mean", "fit_increment_mb", "fit_peak_rss_mb", "peak_rss_mb")
+    if args.epochs:
+        keys += tuple(f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s")) + ("fit_train_s",)
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     ratios = {}
     for anchored, naive in (("anchor_copy", "naive"), ("anchor_copy_cached", "naive"), ("anchor_lora", "naive_lora"),
@@ -164,17 +253,24 @@ def main() -> None:
         if anchored in runs and naive in runs:
             ratios[f"{anchored}/{naive}"] = {
                 k: round(table[anchored][k]["median"] / table[naive][k]["median"], 3) for k in keys}
-            ratios[f"{anchored}/{naive}"]["step_per_round"] = [
-                round(a["step_s_median"] / b["step_s_median"], 3) for a, b in zip(runs[anchored], runs[naive])]
+            per_round = ratios[f"{anchored}/{naive}"]["per_round"] = {}
+            for k in ("step_s_median", *(k for k in keys if k.startswith(("epoch", "fit_train")))):
+                per_round[k] = [round(a[k] / b[k], 3) for a, b in zip(runs[anchored], runs[naive])]
     out = {"bench": "anchor", "machine": C.machine_info(),
            "config": {"model": C.MODEL_OVERRIDES, "vocab": C.VOCAB_SIZE, "batch_pairs": args.batch_size,
-                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "lora": "r16 all-linear",
-                      "anchor": "λ 1, last layer", "threads": C.THREADS, "dtype": "fp32"},
+                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "epochs": args.epochs,
+                      "lora": "r16 all-linear", "anchor": "λ 1, last layer (w2s_: λ 100)", "threads": C.THREADS,
+                      "dtype": "fp32", "w2s_student": W2S_STUDENT, "w2s_pairs": W2S_PAIRS},
            "results": table, "ratios": ratios, "runs": runs}
     C.eprint(C.markdown_table(["variant", "step s", "fit increment MB", "fit peak RSS MB", "trainable params"],
                               [[v, *(f"{table[v][k]['median']} [{table[v][k]['min']}, {table[v][k]['max']}]"
                                      for k in ("step_s_median", "fit_increment_mb", "fit_peak_rss_mb")),
                                 runs[v][0]["trainable_params"]] for v in runs]))
+    if args.epochs:
+        cols = [f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s")] + ["fit_train_s"]
+        C.eprint(C.markdown_table(["variant", *cols],
+                                  [[v, *(f"{table[v][k]['median']} [{table[v][k]['min']}, {table[v][k]['max']}]"
+                                         for k in cols)] for v in runs]))
     C.eprint(json.dumps(ratios))
     print(json.dumps(out))
 

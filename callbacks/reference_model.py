@@ -129,17 +129,18 @@ class ReferenceModelCallback(Callback):
         """
         select = select.bool()
         if not (self.cache_outputs and keys is not None):
-            hidden = self._hidden_states(input_ids, attention_mask, prefix)
-            return [hidden[l][select] for l in layer_ids]
+            return self._selected(input_ids, attention_mask, select, layer_ids, prefix)
         if len(keys) != len(input_ids):
             raise ValueError(f"{len(keys)} cache keys for {len(input_ids)} rows")
         missing = [r for r, k in enumerate(keys) if k not in self._cache]
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
             sub_prefix = None if prefix is None else (*prefix[:2], prefix[2][rows])
-            hidden = self._hidden_states(input_ids[rows], attention_mask[rows], sub_prefix)
-            for j, r in enumerate(missing):  # host memory: the cache can outgrow an accelerator's
-                self._cache[keys[r]] = tuple(hidden[l][j][select[r]].cpu() for l in layer_ids)
+            states = self._selected(input_ids[rows], attention_mask[rows], select[rows], layer_ids, sub_prefix)
+            counts = select[rows].sum(dim=1).tolist()
+            per_layer = [s.cpu().split(counts) for s in states]  # host memory: the cache can outgrow an accelerator's
+            for j, r in enumerate(missing):
+                self._cache[keys[r]] = tuple(rows_l[j] for rows_l in per_layer)
         per_row = [self._cache[k] for k in keys]
         counts = select.sum(dim=1).tolist()
         for k, vals, n in zip(keys, per_row, counts):
@@ -148,6 +149,22 @@ class ReferenceModelCallback(Callback):
                                  f"now {n} (keys must identify one sequence)")
         return [torch.cat([vals[i] for vals in per_row]).to(input_ids.device) for i in range(len(layer_ids))]
 
+    def _selected(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
+                  layer_ids: Sequence[int], prefix: Optional[tuple]) -> list[torch.Tensor]:
+        """`hidden_states[l][select]` per anchored layer; a copied BERT / Qwen2 / Llama reference computes its top
+        anchored layer at the selected positions only and skips the layers above it (fast/selected_positions.py)."""
+        from lightning_modules.fast.selected_positions import selected_hidden_states, selected_positions_family
+
+        model = None if self.reference is None else self.reference.model
+        family = None if model is None else selected_positions_family(model)
+        if family is not None:
+            if prefix is None:
+                return selected_hidden_states(model, family, input_ids, attention_mask, select, layer_ids)
+            family_k, k, h_k = prefix
+            if family_k == family:
+                return selected_hidden_states(model, family, input_ids, attention_mask, select, layer_ids, h_k, k)
+        hidden = self._hidden_states(input_ids, attention_mask, prefix)
+        return [hidden[l][select] for l in layer_ids]
 
     def _hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: Optional[tuple]):
         if prefix is None:

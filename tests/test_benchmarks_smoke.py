@@ -62,3 +62,35 @@ def test_data_prep_workload_and_measured_child(tmp_path):
     out = D.run_measured([sys.executable, "-c", "x = bytearray(50 * 2**20); print('{\"total_s\": 1.5}')"])
     assert out["total_s"] == 1.5 and out["peak_rss_mb"] >= 50 and out["cpu_s"] >= 0
     assert "trl" not in sys.modules
+
+
+def test_w2s_anchor_workload_is_the_shipped_student():
+    """bench_anchor.py's w2s_ variants build the model of configs/model/minilm_student.yaml with the demo's sizes."""
+    import yaml
+
+    from benchmarks import bench_anchor as B
+
+    with open(C.ROOT / "configs" / "model" / "minilm_student.yaml") as f:
+        init = yaml.safe_load(f)["model"]["init_args"]
+    for key, value in B.W2S_STUDENT.items():
+        assert init[key] == value, key
+    assert init["objective"]["class_path"].endswith("SoftBradleyTerry")
+    assert init["optimizer"]["init_args"] == {"lr": B.W2S_LR, "weight_decay": 0.0}
+    with open(C.ROOT / "configs" / "experiment" / "w2s_demo.yaml") as f:
+        demo = f.read()
+    assert '"synth_helpful_cooking": {"n_train": 1600, "n_validation": 200, "n_test": 300}' in demo
+    assert B.W2S_PAIRS == {"n_train": 1600, "n_validation": 200, "n_test": 300}
+    assert {"anchor_coef": 100.0, "cache_outputs": True}.items() <= B.VARIANTS["w2s_anchor"].items()
+    assert "anchor_coef: 100.0" in demo and "--reference.cache_outputs=true" in demo
+
+
+def test_fit_clock_summary():
+    from benchmarks.bench_anchor import FitClock
+
+    clock = FitClock()
+    clock.steps = [(0, 5.0), (0, 1.0), (0, 3.0), (1, 2.0), (1, 4.0), (1, 0.5)]
+    clock.epochs = [10.0, 7.0]
+    out = clock.summary(warmup=1)  # epoch 1 without its first step
+    assert out == {"epoch1_step_s_mean": 2.0, "epoch1_step_s_median": 3.0, "epoch1_s": 10.0,
+                   "epoch2_step_s_mean": 2.1667, "epoch2_step_s_median": 2.0, "epoch2_s": 7.0,
+                   "fit_train_s": 17.0, "steps_per_epoch": 3}

@@ -118,7 +118,9 @@ def test_cached_reference_outputs_match_and_skip_later_epochs(word_tokenizer_dir
 
         class CountForwards(Callback):
             def on_train_start(self, trainer, pl_module):
-                ref_cb.reference.model.register_forward_hook(lambda m, i, o: calls.append(trainer.current_epoch))
+                # the embeddings: the full forward and the selected-positions path both run them once per forward
+                ref_cb.reference.model.get_input_embeddings().register_forward_hook(
+                    lambda m, i, o: calls.append(trainer.current_epoch))
 
         trainer = quiet_trainer(str(tmp_path / str(cache)), max_epochs=2, limit_val_batches=0,
                                 callbacks=[ref_cb, rec, CountForwards()])
