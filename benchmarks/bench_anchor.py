@@ -111,11 +111,13 @@ def w2s_student(anchor_coef: float, seed: int, cache_dir: str, batch_size: int =
 
 
 class FitClock:
-    """Per step (batch_start..batch_end) and per epoch (epoch_start..epoch_end) wall times of a fit."""
+    """Per step (batch_start..batch_end) and per epoch (epoch_start..epoch_end) wall times of a fit, and the epochs'
+    process CPU time (all threads): on a shared machine the CPU time moves less with the other jobs' load."""
 
     def __init__(self):
         self.steps: list[tuple[int, float]] = []  # (epoch, seconds)
         self.epochs: list[float] = []
+        self.epochs_cpu: list[float] = []
 
     def callback(self):
         import lightning.pytorch as pl
@@ -124,7 +126,7 @@ class FitClock:
 
         class _Clock(pl.Callback):
             def on_train_epoch_start(self, trainer, pl_module):
-                clock._epoch0 = time.perf_counter()
+                clock._epoch0, clock._cpu0 = time.perf_counter(), time.process_time()
 
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 clock._step0 = time.perf_counter()
@@ -134,19 +136,24 @@ class FitClock:
 
             def on_train_epoch_end(self, trainer, pl_module):
                 clock.epochs.append(time.perf_counter() - clock._epoch0)
+                clock.epochs_cpu.append(time.process_time() - clock._cpu0)
 
         return _Clock()
 
     def summary(self, warmup: int) -> dict:
         """Mean step per epoch (epoch 1 without its first `warmup` steps: lazy allocations), each epoch's wall and
-        the fit's (sum of epochs: training only, no validation)."""
+        CPU time, and the fit's (sum of epochs: training only, no validation)."""
         out = {}
         for e in range(len(self.epochs)):
             times = [t for ep, t in self.steps if ep == e][warmup if e == 0 else 0:]
             out[f"epoch{e + 1}_step_s_mean"] = round(sum(times) / len(times), 4)
             out[f"epoch{e + 1}_step_s_median"] = round(sorted(times)[len(times) // 2], 4)
             out[f"epoch{e + 1}_s"] = round(self.epochs[e], 3)
+            if e < len(self.epochs_cpu):
+                out[f"epoch{e + 1}_cpu_s"] = round(self.epochs_cpu[e], 3)
         out["fit_train_s"] = round(sum(self.epochs), 3)
+        if self.epochs_cpu:
+            out["fit_train_cpu_s"] = round(sum(self.epochs_cpu), 3)
         out["steps_per_epoch"] = len(self.steps) // max(len(self.epochs), 1)
         return out
 
@@ -245,7 +252,8 @@ def main() -> None:
                         lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)]), C.eprint)
     keys = ("step_s_median", "step_s_mean", "fit_increment_mb", "fit_peak_rss_mb", "peak_rss_mb")
     if args.epochs:
-        keys += tuple(f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s")) + ("fit_train_s",)
+        keys += tuple(f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s", "cpu_s"))
+        keys += ("fit_train_s", "fit_train_cpu_s")
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     ratios = {}
     for anchored, naive in (("anchor_copy", "naive"), ("anchor_copy_cached", "naive"), ("anchor_lora", "naive_lora"),
@@ -267,7 +275,8 @@ def main() -> None:
                                      for k in ("step_s_median", "fit_increment_mb", "fit_peak_rss_mb")),
                                 runs[v][0]["trainable_params"]] for v in runs]))
     if args.epochs:
-        cols = [f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s")] + ["fit_train_s"]
+        cols = [f"epoch{e}_{k}" for e in range(1, args.epochs + 1) for k in ("step_s_mean", "s", "cpu_s")]
+        cols += ["fit_train_s", "fit_train_cpu_s"]
         C.eprint(C.markdown_table(["variant", *cols],
                                   [[v, *(f"{table[v][k]['median']} [{table[v][k]['min']}, {table[v][k]['max']}]"
                                          for k in cols)] for v in runs]))

@@ -89,8 +89,8 @@ def test_fit_clock_summary():
 
     clock = FitClock()
     clock.steps = [(0, 5.0), (0, 1.0), (0, 3.0), (1, 2.0), (1, 4.0), (1, 0.5)]
-    clock.epochs = [10.0, 7.0]
+    clock.epochs, clock.epochs_cpu = [10.0, 7.0], [18.0, 13.0]
     out = clock.summary(warmup=1)  # epoch 1 without its first step
-    assert out == {"epoch1_step_s_mean": 2.0, "epoch1_step_s_median": 3.0, "epoch1_s": 10.0,
-                   "epoch2_step_s_mean": 2.1667, "epoch2_step_s_median": 2.0, "epoch2_s": 7.0,
-                   "fit_train_s": 17.0, "steps_per_epoch": 3}
+    assert out == {"epoch1_step_s_mean": 2.0, "epoch1_step_s_median": 3.0, "epoch1_s": 10.0, "epoch1_cpu_s": 18.0,
+                   "epoch2_step_s_mean": 2.1667, "epoch2_step_s_median": 2.0, "epoch2_s": 7.0, "epoch2_cpu_s": 13.0,
+                   "fit_train_s": 17.0, "fit_train_cpu_s": 31.0, "steps_per_epoch": 3}
