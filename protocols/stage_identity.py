@@ -9,6 +9,8 @@ ceiling results) are replaced by the identity of the stage that produced them.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import json
 import warnings
 from typing import Any
@@ -90,3 +92,49 @@ def identity_diff(old: dict, new: dict, limit: int = 5) -> list[str]:
     if len(keys) > limit:
         lines.append(f"... and {len(keys) - limit} more")
     return lines
+
+
+_NO_DEFAULT = object()
+
+
+def declared_default(key: str, config: dict[str, Any]) -> Any:
+    """The default that the code declares for a flattened config key ("data.init_args.num_proc": the data class's
+    `num_proc` parameter, "trainer.max_epochs": Trainer's), or `_NO_DEFAULT` when it cannot be told."""
+    parts = key.split(".")
+    if parts[0] == "trainer" and len(parts) == 2:
+        from lightning.pytorch import Trainer
+
+        cls, name = Trainer, parts[1]
+    elif len(parts) >= 3 and parts[-2] == "init_args":
+        cls_path = config.get(".".join(parts[:-2] + ["class_path"]))
+        if not isinstance(cls_path, str) or "." not in cls_path:
+            return _NO_DEFAULT
+        module, _, attr = cls_path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            return _NO_DEFAULT
+        name = parts[-1]
+    else:
+        return _NO_DEFAULT
+    try:
+        param = inspect.signature(cls).parameters.get(name)
+    except (TypeError, ValueError):
+        return _NO_DEFAULT
+    return _NO_DEFAULT if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+def added_at_default(old_config: dict[str, Any], new_config: dict[str, Any]) -> set[str]:
+    """Keys of `new_config` that `old_config` lacks and that hold the code's declared default: an option added to
+    the code since the stage ran, whose default keeps the old behaviour (the convention for a new option), is no
+    change of the stage."""
+    return {k for k, v in new_config.items()
+            if k not in old_config and declared_default(k, new_config) is not _NO_DEFAULT
+            and _same(declared_default(k, new_config), v)}
+
+
+def _same(default: Any, value: Any) -> bool:
+    try:
+        return json.loads(json.dumps(default, default=str)) == value
+    except (TypeError, ValueError):
+        return False

@@ -31,7 +31,9 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.run_files import OutDirLock, is_global_zero, read_json
-from protocols.stage_identity import LOCATION_KEYS, digest, identity_diff, resolve_cli_config, stage_identity
+from protocols.stage_identity import (
+    LOCATION_KEYS, added_at_default, digest, identity_diff, resolve_cli_config, stage_identity,
+)
 
 
 @dataclass
@@ -268,6 +270,8 @@ def _changes(finished: dict, identity: dict) -> list[str]:
     old = {k: finished["identity"].get(k) for k in identity}
     if isinstance(old.get("config"), dict):  # a key made a location key since (logging only) is no change
         old["config"] = {k: v for k, v in old["config"].items() if k not in LOCATION_KEYS}
+        new_at_default = added_at_default(old["config"], identity["config"])  # an option added to the code since
+        identity = {**identity, "config": {k: v for k, v in identity["config"].items() if k not in new_at_default}}
     return identity_diff(old, identity)
 
 

@@ -168,6 +168,27 @@ def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path,
     assert os.path.isfile(result["teacher"]) and stamp()["naive"] == after["naive"]
 
 
+def test_an_option_added_since_at_its_default_is_no_change_of_a_finished_stage():
+    from protocols.w2s import _changes
+
+    data = "datamodules.preference.datamodule.PreferenceDataModule"
+    old = {"data.class_path": data, "data.init_args.seed": 0, "trainer.max_epochs": 2}
+    finished = {"identity": {"config": old, "checkpoint": "last", "upstream": {}}}
+    now = lambda **extra: {"config": {**old, **extra}, "checkpoint": "last", "upstream": {}}  # noqa: E731
+    # keys the finished stage never recorded, at the code's declared defaults: the same stage
+    assert _changes(finished, now(**{"data.init_args.label_temperature": 1.0, "trainer.accumulate_grad_batches": 1})) == []
+    # away from the default, or an unknown key: a change, named
+    assert _changes(finished, now(**{"data.init_args.label_temperature": 0.0})) == [
+        "config.data.init_args.label_temperature: '(absent)' → 0.0"]
+    assert _changes(finished, now(**{"data.init_args.no_such_option": 1})) == [
+        "config.data.init_args.no_such_option: '(absent)' → 1"]
+    # a recorded key that changed is a change even when the new value is the default
+    changed = {"identity": {"config": {**old, "data.init_args.label_temperature": 0.0}, "checkpoint": "last",
+                            "upstream": {}}}
+    assert _changes(changed, now(**{"data.init_args.label_temperature": 1.0})) == [
+        "config.data.init_args.label_temperature: 0.0 → 1.0"]
+
+
 def test_ddp_protocol_writes_each_file_once_and_every_rank_computes_the_table(tmp_path, word_tokenizer_dir,
                                                                              cache_dir):
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
