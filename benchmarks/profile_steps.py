@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/profile_steps.py rm     # RewardModelModule step (length-bucketed), op table
     .venv/bin/python benchmarks/profile_steps.py grpo   # PolicyRLModule steps under the Trainer, function table
     .venv/bin/python benchmarks/profile_steps.py decode # the static decoder's step, eager vs torch.compile
+    .venv/bin/python benchmarks/profile_steps.py levers # GRPO step phases A/B: fused vs HF log-probs, reference
 
 Prints one JSON line (top entries and the shares the docs quote); the full tables go to stderr.
 """
@@ -145,9 +146,68 @@ def profile_decode(args) -> dict:
             "speedup_wall": round(eager[0] / fast[0], 3), "max_abs_logit_diff": diff}
 
 
+def profile_levers(args) -> dict:
+    """The GRPO step's phases, alternated in one process (A, B, A, B, ...) so other jobs' load hits all alike:
+    policy log-probs forward + backward through completion_logprobs' fused path vs the HF path; sampling alone;
+    sampling with the reference scored in the decode steps; the reference's own (fused) forward. Per phase the
+    median over `--steps` rounds of wall and CPU time (CPU time is the steadier figure on a loaded machine)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import lightning_modules.policy.completion_logprobs as CL
+    from benchmarks import bench_grpo as G
+    from lightning_modules.fast.static_decoder import sample_and_score, sample_static
+
+    torch.set_num_threads(args.threads)
+    ns = argparse.Namespace(work_dir=args.work_dir, prompts=4, steps=2, group_size=8)
+    path = G.model_dir(ns)
+    dm = G.trigger_dm(ns, 0)
+    dm.setup("fit")
+    model = AutoModelForCausalLM.from_pretrained(path).train()
+    ref = AutoModelForCausalLM.from_pretrained(path).requires_grad_(False).eval()
+    batch = next(iter(dm.train_dataloader()))
+    ids, am, tok = batch["input_ids"], batch["attention_mask"], dm.tokenizer
+    rows, rows_mask = ids.repeat_interleave(8, 0), am.repeat_interleave(8, 0)
+    torch.manual_seed(0)
+    comp, cm = sample_static(model, rows, rows_mask, 24, 1.0, tok.eos_token_id, tok.pad_token_id)
+    fused_ok = CL._fused_ok
+
+    def fwd_bwd(fused: bool) -> None:
+        CL._fused_ok = fused_ok if fused else (lambda m: False)
+        try:
+            (CL.completion_logprobs(model, ids, am, comp, cm, 8) * cm).sum().backward()
+        finally:
+            CL._fused_ok = fused_ok
+        model.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def ref_forward() -> None:
+        CL.completion_logprobs(ref, ids, am, comp, cm, 8)
+
+    phases = {"logprobs_fwd_bwd_hf": lambda: fwd_bwd(False), "logprobs_fwd_bwd_fused": lambda: fwd_bwd(True),
+              "sample": lambda: sample_static(model, rows, rows_mask, 24, 1.0, tok.eos_token_id, tok.pad_token_id),
+              "sample_with_reference": lambda: sample_and_score(model, [ref], rows, rows_mask, 24, 1.0,
+                                                                tok.eos_token_id, tok.pad_token_id),
+              "reference_forward": ref_forward}
+    wall = {k: [] for k in phases}
+    cpu = {k: [] for k in phases}
+    for f in phases.values():
+        f()  # warm-up
+    for _ in range(args.steps):
+        for k, f in phases.items():
+            w, c = time.perf_counter(), time.process_time()
+            f()
+            wall[k].append(time.perf_counter() - w)
+            cpu[k].append(time.process_time() - c)
+    med = lambda v: round(1e3 * sorted(v)[len(v) // 2], 1)  # noqa: E731
+    return {"profile": "grpo_levers", "threads": args.threads, "rounds": args.steps,
+            "wall_ms": {k: med(v) for k, v in wall.items()}, "cpu_ms": {k: med(v) for k, v in cpu.items()},
+            "loadavg": C.machine_info()["loadavg"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["rm", "grpo", "decode"])
+    p.add_argument("what", choices=["rm", "grpo", "decode", "levers"])
     p.add_argument("--threads", type=int, default=2, help="decode: torch threads")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--buckets", type=int, default=4)
@@ -156,7 +216,8 @@ def main() -> None:
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     args = p.parse_args()
     C.offline_env()
-    print(json.dumps({"rm": profile_rm, "grpo": profile_grpo, "decode": profile_decode}[args.what](args)))
+    print(json.dumps({"rm": profile_rm, "grpo": profile_grpo, "decode": profile_decode,
+                      "levers": profile_levers}[args.what](args)))
 
 
 if __name__ == "__main__":
