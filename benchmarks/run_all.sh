@@ -24,3 +24,6 @@ run profile_rm benchmarks/profile_steps.py rm --steps 4
 run profile_grpo benchmarks/profile_steps.py grpo --steps 6 --beta 0.04
 run data_prep benchmarks/bench_data_prep.py --sizes 100000 300000 --num-proc 2
 run profile_decode benchmarks/profile_steps.py decode
+run anchor_w2s benchmarks/bench_anchor.py --variants w2s_naive w2s_anchor --epochs 2 --repeats 2
+run anchor_copy_2epochs benchmarks/bench_anchor.py --variants naive anchor_copy_cached --epochs 2 --repeats 2 \
+    --train-pairs 400
