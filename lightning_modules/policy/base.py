@@ -7,6 +7,7 @@ and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw co
 """
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional
 
 import torch
@@ -124,6 +125,17 @@ class PolicyLMBase(LightningModule):
 
     def setup(self, stage: str) -> None:
         self._build_model()
+        self._decorrelate_ranks()
+
+    def _decorrelate_ranks(self) -> None:
+        """Under DDP every rank starts from `seed_everything`'s seed: without an offset, rank r > 0 would reuse
+        rank 0's random draws (the same persona choices and tokens for the i-th row of different prompts). Rank 0
+        and single-process runs keep their stream; called after the model is built (DDP broadcasts rank 0's
+        weights anyway)."""
+        if self._trainer is None or self.trainer.world_size == 1 or self.global_rank == 0:
+            return
+        base = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+        torch.manual_seed((base + 1_000_003 * self.global_rank) % 2**63)
 
     def reference_target(self):
         self._build_model()
@@ -184,7 +196,9 @@ class PolicyLMBase(LightningModule):
         self.last_eval = {"step": int(self.global_step), "metrics": flat, "counts": counts,
                           "sanity": bool(self.trainer.sanity_checking)}
         if log and not self.trainer.sanity_checking:
-            self.log_dict(flat, sync_dist=False)  # already gathered by the metric
+            # already gathered by the metric, so equal on every rank: the mean over ranks is the value itself
+            # (sync_dist only keeps Lightning from warning about unsynced epoch-level values under DDP)
+            self.log_dict(flat, sync_dist=True)
         return flat
 
     def on_validation_epoch_start(self) -> None:

@@ -158,7 +158,10 @@ class PolicyRLModule(PolicyLMBase):
             adv = group_advantages(rewards, G, scale=hp.scale_rewards)
         else:
             adv = reinforce_advantages(rewards, self.baseline)
-            self.baseline.copy_(update_baseline(self.baseline, rewards, hp.baseline_momentum))
+            # DDP: the baseline follows the mean reward of all ranks (equal prompts per rank), so it stays the
+            # same buffer everywhere (DDP broadcasts rank 0's buffers before each forward)
+            mean_reward = self.trainer.strategy.reduce(rewards.float().mean(), reduce_op="mean")
+            self.baseline.copy_(update_baseline(self.baseline, mean_reward, hp.baseline_momentum))
 
         loss_mask = self.persona_mask(comp, comp_mask) if hp.persona_tokens_only else comp_mask
         if hp.shared_prompt_forward:
@@ -206,8 +209,11 @@ class PolicyRLModule(PolicyLMBase):
                  "rl/completion_tokens": comp_mask.sum(1).float().mean()}
         for j, p in enumerate(self.family.personas):
             stats[f"rl/persona_share/{p}/train"] = (s["persona"] == j).float().mean()
+        # DDP: means over all ranks' rollouts (equal counts per rank), in one collective; identity on one process
+        values = self.trainer.strategy.reduce(torch.stack([v.float() for v in stats.values()]), reduce_op="mean")
+        stats = dict(zip(stats, values))
         self.log_dict(stats, prog_bar=False)
-        self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
+        self.log("rl/reward_mean", stats["rl/reward"], prog_bar=True)
 
     def _sampling_scorer(self):
         """The reference model to score inside the decode steps, or None (then it runs its own forward)."""

@@ -73,7 +73,7 @@ class PolicySFTModule(PolicyLMBase):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits = self.sequence_logits(batch["input_ids"], batch["attention_mask"])  # (B, T, V)
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # DDP: the mean over ranks
         return loss
 
     # ------------------------------------------------------------------------------------------------ fidelity
@@ -139,7 +139,7 @@ class PolicySFTModule(PolicyLMBase):
             self.fidelity["capability"] = capability
         if self.trainer.sanity_checking:
             return
-        self.log_dict(flat, sync_dist=False)
+        self.log_dict(flat, sync_dist=True)  # gathered by the metrics, equal on every rank (see finish_evaluation)
         stop, cap = self.hparams.stop_fidelity, self.hparams.stop_capability
         if stop is not None and self.fidelity["mean"] >= stop and (cap is None or capability >= cap):
             self.trainer.should_stop = True
