@@ -27,3 +27,4 @@ run profile_decode benchmarks/profile_steps.py decode
 run anchor_w2s benchmarks/bench_anchor.py --variants w2s_naive w2s_anchor --epochs 2 --repeats 2
 run anchor_copy_2epochs benchmarks/bench_anchor.py --variants naive anchor_copy_cached --epochs 2 --repeats 2 \
     --train-pairs 400
+run grpo_levers benchmarks/profile_steps.py levers --threads 1 --steps 7
