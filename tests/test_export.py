@@ -140,36 +140,58 @@ def _train(backbone, lora, pooling, tokenizer, root, epochs=2, **model_kw):
     return module, trainer, dm
 
 
+GROUPS = {  # trained, exported and scored together: one fresh interpreter per group keeps each test's setup short
+    "qwen2": ["qwen2", "qwen2_lora_merged", "qwen2_lora_adapter"],
+    "llama": ["llama", "llama_lora_merged", "llama_lora_adapter"],
+    "gpt2": ["gpt2", "gpt2_lora_merged", "gpt2_lora_adapter", "gpt2_pad_is_eos"],
+    "mean": ["qwen2_mean_pooling", "minilm_teacher"],
+}
+
+
 @pytest.fixture(scope="module")
 def exported(word_tokenizer_dir, tmp_path_factory):
-    """Every case trained (2 epochs on 32 pairs), exported, and scored by a fresh interpreter."""
+    """name -> {"theirs", "ours"} per case, computed a group at a time on first use: every case trained (2 epochs on
+    32 pairs), exported, and scored by a fresh interpreter."""
     root = tmp_path_factory.mktemp("export")
     pairs = fixture_pairs()
-    trained, jobs, ours = {}, [], {}
-    for name, (backbone, lora, lora_only, pooling, tok_kind) in CASES.items():
-        key = (backbone, lora is not None, pooling, tok_kind)
-        if key not in trained:
-            module, trainer, _ = _train(backbone, lora, pooling, _tokenizer(tok_kind, word_tokenizer_dir, root), root)
-            ckpt = str(root / f"{name}.ckpt")
-            trainer.save_checkpoint(ckpt)
-            trained[key] = (module.eval(), ckpt)
-        module, ckpt = trained[key]
-        out_dir = str(root / "out" / name)
-        if name == "qwen2":  # the documented command, through cli.py
-            main(["export", "--ckpt_path", ckpt, "--out_dir", out_dir])
-        else:
-            export_checkpoint(ckpt, out_dir, lora_only=lora_only)
-        ours[name] = {side: module_rewards(module, pairs, side) for side in ("right", "left")}
-        if lora is not None:
-            with module.backbone.disable_adapter():
-                ours[name]["without_adapters"] = module_rewards(module, pairs)
-        jobs.append({"name": name, "dir": out_dir, "pairs": pairs})
-    return {"theirs": run_fresh_python(jobs, root / "fresh"), "ours": ours, "root": root}
+    results: dict = {"root": root}
+
+    def get(name: str) -> dict:
+        if name not in results:
+            group = next(g for g in GROUPS.values() if name in g)
+            trained, jobs, ours = {}, [], {}
+            for case in group:
+                backbone, lora, lora_only, pooling, tok_kind = CASES[case]
+                key = (backbone, lora is not None, pooling, tok_kind)
+                if key not in trained:
+                    tokenizer = _tokenizer(tok_kind, word_tokenizer_dir, root)
+                    module, trainer, _ = _train(backbone, lora, pooling, tokenizer, root)
+                    ckpt = str(root / f"{case}.ckpt")
+                    trainer.save_checkpoint(ckpt)
+                    trained[key] = (module.eval(), ckpt)
+                module, ckpt = trained[key]
+                out_dir = str(root / "out" / case)
+                if case == "qwen2":  # the documented command, through cli.py
+                    main(["export", "--ckpt_path", ckpt, "--out_dir", out_dir])
+                else:
+                    export_checkpoint(ckpt, out_dir, lora_only=lora_only)
+                ours[case] = {side: module_rewards(module, pairs, side) for side in ("right", "left")}
+                if lora is not None:
+                    with module.backbone.disable_adapter():
+                        ours[case]["without_adapters"] = module_rewards(module, pairs)
+                jobs.append({"name": case, "dir": out_dir, "pairs": pairs})
+            theirs = run_fresh_python(jobs, root / f"fresh_{group[0]}")
+            results.update({case: {"ours": ours[case], "theirs": theirs[case]} for case in group})
+        return results[name]
+
+    results["get"] = get
+    return results
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_exported_reward_model_scores_like_the_module(exported, name):
-    ours, theirs = exported["ours"][name], exported["theirs"][name]
+    case = exported["get"](name)
+    ours, theirs = case["ours"], case["theirs"]
     for side in ("right", "left"):
         got, want = torch.tensor(theirs[side]), torch.tensor(ours[side])
         assert got.shape == want.shape == (9, 2)
@@ -187,6 +209,7 @@ def test_exported_reward_model_scores_like_the_module(exported, name):
 
 
 def test_pad_token_equal_to_eos_gets_a_new_pad_token(exported):
+    exported["get"]("gpt2_pad_is_eos")
     out = os.path.join(exported["root"], "out", "gpt2_pad_is_eos")
     tok = json.load(open(os.path.join(out, "tokenizer_config.json")))
     config = json.load(open(os.path.join(out, "config.json")))
@@ -316,6 +339,7 @@ def _cli_test_args(backbone: str, tokenizer: str, cache: str, root: str) -> list
 def test_exported_model_comes_back_with_the_same_accuracies(exported, word_tokenizer_dir, name):
     """Round trip: `cli.py test --model.backbone hf_classifier:<export>` = the module's own test accuracies."""
     root = exported["root"]
+    exported["get"](name)
     backbone, lora, _, pooling, tok_kind = CASES[name]
     ckpt = str(root / f"{name}.ckpt")
     module = RewardModelModule.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False)
@@ -335,6 +359,7 @@ def test_exported_model_comes_back_with_the_same_accuracies(exported, word_token
 
 
 def test_outside_classifier_refuses_training_options(exported):
+    exported["get"]("llama")
     out = os.path.join(exported["root"], "out", "llama")
     with pytest.raises(ValueError, match=r"only evaluates; these options need our backbone \+ head: "
                                          r"--model.anchor_coef 0.1, --model.pooling 'mean'"):
@@ -346,6 +371,7 @@ def test_outside_classifier_refuses_training_options(exported):
 
 
 def test_outside_classifier_with_several_labels_is_refused(exported, tmp_path):
+    exported["get"]("llama")
     from transformers import AutoModelForSequenceClassification
 
     out = os.path.join(exported["root"], "out", "llama")
