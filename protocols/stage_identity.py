@@ -128,9 +128,9 @@ def added_at_default(old_config: dict[str, Any], new_config: dict[str, Any]) -> 
     """Keys of `new_config` that `old_config` lacks and that hold the code's declared default: an option added to
     the code since the stage ran, whose default keeps the old behaviour (the convention for a new option), is no
     change of the stage."""
-    return {k for k, v in new_config.items()
-            if k not in old_config and declared_default(k, new_config) is not _NO_DEFAULT
-            and _same(declared_default(k, new_config), v)}
+    added = {k: v for k, v in new_config.items() if k not in old_config}
+    defaults = {k: declared_default(k, new_config) for k in added}  # imports and inspects: once per key
+    return {k for k, v in added.items() if defaults[k] is not _NO_DEFAULT and _same(defaults[k], v)}
 
 
 def _same(default: Any, value: Any) -> bool:

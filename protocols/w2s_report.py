@@ -204,14 +204,22 @@ def drift_ood_correlation(table: dict, targets: list[str]) -> Optional[dict]:
     methods = [m for m in table if m not in WEAK_LABEL_METHODS_EXCLUDED and key in table[m]]
     points: dict[int, list[tuple[float, float]]] = {}
     for m in methods:
-        for seed, drift in table[m][key]["per_seed"].items():
-            accs = [table[m][f"acc/{t}"]["per_seed"].get(seed) for t in targets]
-            if all(a is not None for a in accs):
-                points.setdefault(seed, []).append((drift, statistics.fmean(accs)))
+        for seed, drift, ood in drift_points(table[m], targets, key):
+            points.setdefault(seed, []).append((drift, ood))
     per_seed = {seed: _pearson([d for d, _ in pts], [a for _, a in pts]) for seed, pts in sorted(points.items())}
     pooled = [pt for pts in points.values() for pt in pts]
     return {"drift_key": key, "methods": methods, "per_seed": per_seed,
             "pooled": _pearson([d for d, _ in pooled], [a for _, a in pooled]), "points": len(pooled)}
+
+
+def drift_points(row: dict, targets: list[str], drift_key: str) -> list[tuple[int, float, float]]:
+    """(seed, drift, mean OOD accuracy) for every seed of one method's row that has both."""
+    out = []
+    for seed, drift in sorted(row[drift_key]["per_seed"].items()):
+        accs = [row[f"acc/{t}"]["per_seed"].get(seed) for t in targets]
+        if all(a is not None for a in accs):
+            out.append((seed, drift, statistics.fmean(accs)))
+    return out
 
 
 def correlation_line(c: Optional[dict]) -> str:
@@ -314,13 +322,8 @@ def drift_figure(plt, table: dict, targets: list[str], drift_key: str):
     for m in table:
         if m == "teacher" or drift_key not in table[m]:
             continue
-        xs, ys = [], []
-        for seed, drift in sorted(table[m][drift_key]["per_seed"].items()):
-            accs = [table[m][f"acc/{t}"]["per_seed"].get(seed) for t in targets]
-            if all(a is not None for a in accs):
-                xs.append(drift)
-                ys.append(statistics.fmean(accs))
-        (ax_gold if m == "ceiling" else ax).scatter(xs, ys, label=m, s=18)
+        points = drift_points(table[m], targets, drift_key)
+        (ax_gold if m == "ceiling" else ax).scatter([d for _, d, _ in points], [a for _, _, a in points], label=m, s=18)
     ax.set_xlabel(drift_key.replace("drift/", "drift: "))
     ax.set_ylabel("mean OOD accuracy (%)")
     ax.set_title("Weak-label students (one point per seed)")
