@@ -101,9 +101,10 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_fraction: share of the source train split that forms the teacher half.
         val_fraction: share of train carved off as validation when the source has no validation split.
         max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
-        teacher_checkpoint: a teacher reward-model checkpoint: its soft labels on the student half become the
-            training labels (computed once in `prepare_data`, cached) and its margins on every test split are
-            attached to the test pairs, so teacher and student are scored on the same pairs.
+        teacher_checkpoint: a teacher reward-model checkpoint, or "hf_classifier:<dir or hub id>" (an outside
+            `…ForSequenceClassification`, scored with its own head and tokenizer): its soft labels on the student
+            half become the training labels (computed once in `prepare_data`, cached) and its margins on every
+            test split are attached to the test pairs, so teacher and student are scored on the same pairs.
         weak_labels: path of a weak-label file written by `datamodules.preference.weak_labels` (instead of computing it).
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
         teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
@@ -168,7 +169,12 @@ class PreferenceDataModule(pl.LightningDataModule):
         if teacher_checkpoint and weak_labels:
             raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
         if teacher_checkpoint:
-            check_checkpoint_file(teacher_checkpoint, "--data.teacher_checkpoint")
+            from lightning_modules.export.hf_classifier import check_classifier_source, is_hf_classifier
+
+            if is_hf_classifier(teacher_checkpoint):  # an outside reward model (docs/export.md)
+                check_classifier_source(teacher_checkpoint, "--data.teacher_checkpoint")
+            else:
+                check_checkpoint_file(teacher_checkpoint, "--data.teacher_checkpoint")
         self.source, self.ood_targets = source, list(ood_targets)
         self.tokenizer_name = tokenizer
         self.cache_dir = cache_dir or default_cache_dir()

@@ -5,6 +5,10 @@ and q = σ(r_teacher(x, a) − r_teacher(x, b)). The teacher also scores every t
 teacher and student are later compared on exactly the same pairs.
 Everything lands in one JSON file, keyed by the teacher checkpoint, the records, the teacher's tokenization
 and the seed, written atomically: a second run (or every student of a protocol) reuses it.
+
+The teacher is a `RewardModelModule` checkpoint (.ckpt) or an outside reward model, `hf_classifier:<dir or hub id>`
+(any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md), scored whole with its own head and its
+own tokenizer, built exactly as `cli.py test --model.backbone hf_classifier:<dir>` builds it.
 """
 from __future__ import annotations
 
@@ -30,9 +34,48 @@ def swap_order(record_id: str, seed: int) -> bool:
     return digest[0] % 2 == 1
 
 
-def checkpoint_key(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+def checkpoint_key(path: str, flag: str = "--data.teacher_checkpoint") -> str:
+    """What the cached labels depend on besides the records: the teacher's path and the state of its files.
+
+    A .ckpt file or a model directory is keyed by path, size and mtime (ns) of every file that can change its
+    scores (a directory's files, recursively, except the model card and dotfiles), not by a content hash: hashing a
+    multi-GB export would cost seconds to minutes in every stage that reads the labels (the key is computed in
+    `prepare_data` and again in `setup`), while any rewrite (`cli.py export`, `save_pretrained`, a plain copy) gives
+    new mtimes, so a changed model always gets new labels. (Only a copy that keeps mtimes, `cp -p` / `rsync -a`, of
+    other weights with the same sizes would go unnoticed.) A hub id is keyed by the commit its files resolve to.
+    """
+    from lightning_modules.export.hf_classifier import classifier_source, is_hf_classifier, looks_like_path
+
+    if not is_hf_classifier(path):
+        st = os.stat(path)
+        return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    source = classifier_source(path)
+    if not looks_like_path(source):
+        return f"hf_classifier:hub:{source}@{hub_commit(source, flag)}"
+    root = os.path.abspath(os.path.expanduser(source))
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith(".") or name.endswith(".md"):
+                continue
+            full = os.path.join(folder, name)
+            st = os.stat(full)
+            files.append([os.path.relpath(full, root), st.st_size, st.st_mtime_ns])
+    return f"hf_classifier:{root}:" + hashlib.sha1(json.dumps(files).encode("utf-8")).hexdigest()
+
+
+def hub_commit(repo_id: str, flag: str) -> str:
+    """The commit a hub model's config resolves to (from the local cache when offline)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        config = hf_hub_download(repo_id, "config.json")
+    except Exception as err:  # offline and not cached, unknown id, no network: many exception types
+        raise ValueError(f"{flag} 'hf_classifier:{repo_id}': no local directory {repo_id!r} and no hub model of that "
+                         f"id could be reached: {type(err).__name__}: {str(err)[:200]}") from None
+    parts = os.path.normpath(config).split(os.sep)
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts else "unknown"
 
 
 def weak_label_path(cache_dir: str, teacher_checkpoint: str, student_records: list[dict],
@@ -72,13 +115,8 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
                         seed: int, max_length: int, truncation: str, out_path: str,
                         batch_size: int = 64, device: Optional[str] = None) -> dict:
     from datamodules.tokenizers import load_tokenizer
-    from lightning_modules.reward.reward_model import RewardModelModule
 
-    try:
-        model = RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
-    except (pickle.UnpicklingError, KeyError, RuntimeError, TypeError) as e:
-        raise ValueError(f"--data.teacher_checkpoint {teacher_checkpoint!r} is not a RewardModelModule checkpoint "
-                         f"of this version: {type(e).__name__}: {e}") from e
+    model = load_teacher(teacher_checkpoint)
     model.eval().to(device or "cpu")
     tokenizer = load_tokenizer(model.tokenizer_name)
     swaps = [swap_order(r["id"], seed) for r in student_records]
@@ -89,7 +127,7 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
         m = score_pairs(model, tokenizer, recs, [False] * len(recs), max_length, truncation, batch_size)
         teacher_margins[split] = {r["id"]: v for r, v in zip(recs, m)}
     payload = {
-        "meta": {"teacher_checkpoint": os.path.abspath(teacher_checkpoint), "seed": seed, "pairs": len(labels),
+        "meta": {"teacher_checkpoint": teacher_name(teacher_checkpoint), "seed": seed, "pairs": len(labels),
                  "teacher_tokenizer": model.tokenizer_name, "mean_q": sum(q for q, _ in labels.values()) / max(len(labels), 1),
                  "agreement_with_gold": gold_agreement(labels)},
         "labels": labels,
@@ -97,6 +135,38 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
     }
     atomic_write_json(payload, out_path, indent=None)  # large: no indentation
     return payload
+
+
+def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint"):
+    """The teacher as a `RewardModelModule`: loaded from a checkpoint, or an outside `hf_classifier:` model built as
+    `cli.py test` builds it (`classifier_init_args`)."""
+    from lightning_modules.export.hf_classifier import (
+        check_classifier_source, classifier_init_args, is_hf_classifier,
+    )
+    from lightning_modules.reward.reward_model import RewardModelModule
+
+    if is_hf_classifier(teacher_checkpoint):
+        check_classifier_source(teacher_checkpoint, flag)
+        try:
+            return RewardModelModule(**classifier_init_args(teacher_checkpoint))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{flag} {teacher_checkpoint!r}: not a sequence-classification reward model that "
+                             f"loads: {err}") from err
+    try:
+        return RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
+    except (pickle.UnpicklingError, KeyError, RuntimeError, TypeError) as e:
+        raise ValueError(f"{flag} {teacher_checkpoint!r} is not a RewardModelModule checkpoint "
+                         f"of this version: {type(e).__name__}: {e}") from e
+
+
+def teacher_name(teacher_checkpoint: str) -> str:
+    """The teacher as recorded in the label file: an absolute path (a directory's, after the prefix) or a hub id."""
+    from lightning_modules.export.hf_classifier import PREFIX, classifier_source, is_hf_classifier, looks_like_path
+
+    if not is_hf_classifier(teacher_checkpoint):
+        return os.path.abspath(teacher_checkpoint)
+    source = classifier_source(teacher_checkpoint)
+    return PREFIX + (os.path.abspath(os.path.expanduser(source)) if looks_like_path(source) else source)
 
 
 def gold_agreement(labels: dict) -> float:

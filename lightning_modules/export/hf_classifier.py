@@ -4,11 +4,14 @@ hf_classifier:<path-or-id>` (docs/export.md).
 The classifier runs whole, exactly as `transformers` runs it: its own pooling (a decoder's last non-pad token, an
 encoder's pooler / [CLS] head) and its own score head, so our pairwise accuracy is the accuracy of the public model
 as its authors ship it. It is scored on our pair format (`pair_tokenization.py`: its chat template, BOS/EOS),
-padded with its tokenizer's pad token. It evaluates (`cli.py test`, `validate`, the W2S teacher's labels via a
-checkpoint); fine-tuning it with our objectives and ANCHOR is not supported (no separable backbone and head).
+padded with its tokenizer's pad token. It evaluates (`cli.py test`, `validate`, the W2S teacher's labels as
+`--data.teacher_checkpoint hf_classifier:<dir>`, the protocol's `teacher_pretrained` and `zero_shot` stages);
+fine-tuning it with our objectives and ANCHOR is not supported (no separable backbone and head).
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional
 
 import torch
@@ -27,6 +30,43 @@ def classifier_source(backbone: str) -> str:
     if not source:
         raise ValueError(f"--model.backbone {backbone!r}: give a directory or hub id after {PREFIX!r}")
     return source
+
+
+def classifier_init_args(backbone: str) -> dict[str, str]:
+    """`RewardModelModule` arguments of an outside classifier, as `cli.py test --model.backbone hf_classifier:X
+    --model.tokenizer X` gives them: the classifier and its own tokenizer (the W2S teacher's labels and the protocol's
+    outside teacher / zero-shot stages are built from these, so every path scores the same model the same way)."""
+    return {"backbone": backbone, "tokenizer": classifier_source(backbone)}
+
+
+def looks_like_path(source: str) -> bool:
+    """A local path rather than a hub id ("name" or "owner/name"): absolute, ./ ~ .., more than one "/", or existing."""
+    return (os.path.isabs(source) or source.startswith((".", "~")) or source.count("/") > 1
+            or os.path.exists(os.path.expanduser(source)))
+
+
+def check_classifier_source(backbone: str, flag: str) -> None:
+    """Refuse, naming `flag` and the path, a local directory that cannot hold a sequence classifier (missing, a file,
+    no config.json, another architecture, no weights), reading no weights. A hub id is checked when it loads."""
+    source = classifier_source(backbone)
+    path = os.path.expanduser(source)
+    if not looks_like_path(source):
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"{flag} {backbone!r}: {'is a file, not' if os.path.exists(path) else 'there is no'} "
+                         f"directory {path!r} (give the save_pretrained directory of a …ForSequenceClassification)")
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"{flag} {backbone!r}: {path!r} has no config.json: not a transformers model directory "
+                         "(give the save_pretrained directory of a …ForSequenceClassification)")
+    with open(config) as f:
+        architectures = json.load(f).get("architectures") or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ValueError(f"{flag} {backbone!r}: {path!r} holds a {', '.join(architectures)}, not a sequence "
+                         "classification model (…ForSequenceClassification with num_labels=1); an export with mean "
+                         "pooling or an encoder is loaded by its model card's code instead (docs/export.md)")
+    if not any(f.endswith((".safetensors", ".bin", ".index.json")) for f in os.listdir(path)):
+        raise ValueError(f"{flag} {backbone!r}: {path!r} has no weights (*.safetensors / *.bin)")
 
 
 def check_classifier_options(backbone: str, **options: Any) -> None:
