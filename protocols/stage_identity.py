@@ -74,9 +74,14 @@ def without_location(config: dict) -> dict[str, Any]:
     return {k: v for k, v in flatten(config).items() if k not in LOCATION_KEYS and not k.endswith(".dirpath")}
 
 
-def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict]) -> dict:
-    """What a finished stage's result depends on. `upstream`: producing stage name -> {"identity", "run"}."""
-    return {"config": without_location(config), "checkpoint": checkpoint, "upstream": upstream}
+def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict], model: str | None = None) -> dict:
+    """What a finished stage's result depends on. `upstream`: producing stage name -> {"identity", "run"}.
+    `model`: for an outside model tested as is, the state of its files (`weak_labels.checkpoint_key`: path, sizes,
+    mtimes; a hub id's commit), which its path in the config does not show; absent for stages that fit."""
+    identity = {"config": without_location(config), "checkpoint": checkpoint, "upstream": upstream}
+    if model is not None:
+        identity["model"] = model
+    return identity
 
 
 def digest(identity: dict) -> str:

@@ -3,6 +3,10 @@
     teacher (gold, teacher half) -> soft labels on the student half -> ceiling (gold, student half)
     -> every student method -> ID/OOD tests -> results.json / results.csv / results.md + TensorBoard figures
 
+An outside reward model (`hf_classifier:<dir or hub id>`, docs/export.md) can be the teacher without fitting
+(`teacher_pretrained`: its stage is a `cli.py test` only, and the students learn from its labels), and outside
+models can be tested as zero-shot rows beside the students (`zero_shot`).
+
     python -m protocols.w2s --config configs/experiment/w2s_synthetic.yaml [--force]
 
 Every stage is an ordinary `cli.py fit` + `cli.py test` (its command lines are written to the stage folder, so any
@@ -28,6 +32,10 @@ from typing import Any, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from lightning_modules.export.hf_classifier import (
+    PREFIX as HF_CLASSIFIER, check_classifier_options, check_classifier_source, classifier_init_args,
+    classifier_source, is_hf_classifier, looks_like_path,
+)
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.run_files import OutDirLock, is_global_zero, read_json
@@ -78,9 +86,19 @@ class W2SProtocol:
         out_dir: where stages, results and figures go.
         trainer_configs: `cli.py` config files with the trainer settings (shared by all stages).
         data_configs: config files of the PreferenceDataModule (source, OOD targets, ...).
-        teacher_configs: config files of the weak teacher model.
         student_configs: config files of the strong student model (shared by the ceiling and every method).
         methods: the student methods.
+        teacher_configs: config files of the weak teacher model (trained on gold labels of the teacher half);
+            empty with `teacher_pretrained`.
+        teacher_pretrained: an outside reward model as the teacher, "hf_classifier:<dir or hub id>" (any
+            `…ForSequenceClassification` with one output, e.g. a `cli.py export` directory): not trained; its
+            stage only runs `cli.py test` (ID + OOD splits) and the students' weak labels are its margins. It is
+            scored with its own head and tokenizer, as `cli.py test --model.backbone hf_classifier:<dir>` does;
+            `teacher_args` still apply (data and trainer flags; model flags other than these are refused).
+        zero_shot: outside reward models ("hf_classifier:<dir or hub id>") tested as is on every split, with
+            WRG / AOG / NTS against the teacher on the same pairs: extra rows `zero_shot_<directory name>`.
+        zero_shot_args: extra `cli.py` arguments of the zero-shot stages (data flags that must match the other
+            stages', e.g. `--data.max_length`).
         seeds: one teacher, one label set, one ceiling and one student per method, per seed.
         ceiling: train the ceiling (student on gold labels of the student half) and report PGR.
         teacher_args: extra `cli.py` arguments of the teacher stages.
@@ -94,9 +112,12 @@ class W2SProtocol:
     out_dir: str
     trainer_configs: list[str]
     data_configs: list[str]
-    teacher_configs: list[str]
     student_configs: list[str]
     methods: list[Method]
+    teacher_configs: list[str] = field(default_factory=list)
+    teacher_pretrained: Optional[str] = None
+    zero_shot: list[str] = field(default_factory=list)
+    zero_shot_args: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     ceiling: bool = True
     teacher_args: list[str] = field(default_factory=list)
@@ -112,6 +133,7 @@ class W2SProtocol:
         reserved = {"teacher", "ceiling"} & set(names)
         if reserved:
             raise ValueError(f"--methods may not be named {sorted(reserved)} (reserved rows)")
+        self._check_outside_models(names)
         bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
         if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
             raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
@@ -122,9 +144,50 @@ class W2SProtocol:
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
         if not self.seeds:
             raise ValueError("--seeds must list at least one seed")
+        if self.teacher_pretrained and self.teacher_configs:
+            raise ValueError("give either --teacher_configs (a teacher trained here) or --teacher_pretrained (an "
+                             f"outside model tested as is), not both: got {self.teacher_configs} and "
+                             f"{self.teacher_pretrained!r}")
+        if not self.teacher_pretrained and not self.teacher_configs:
+            raise ValueError("--teacher_configs is empty: give the teacher's model config files, or an outside "
+                             "teacher as --teacher_pretrained hf_classifier:<dir or hub id>")
         for path in [*self.trainer_configs, *self.data_configs, *self.teacher_configs, *self.student_configs]:
             if not os.path.isfile(path):
                 raise ValueError(f"config file {path!r} does not exist")
+
+    def _check_outside_models(self, method_names: list[str]) -> None:
+        """Outside models: the `hf_classifier:` prefix, a directory that holds a classifier (before any work), one
+        absolute path whatever the working directory, and zero-shot row names that collide with nothing."""
+        if self.teacher_pretrained is not None:
+            self.teacher_pretrained = _outside_model(self.teacher_pretrained, "--teacher_pretrained")
+        self.zero_shot = [_outside_model(m, "--zero_shot") for m in self.zero_shot]
+        names = [zero_shot_name(m) for m in self.zero_shot]
+        clash = sorted({n for n in names if names.count(n) > 1 or n in method_names})
+        if clash:
+            raise ValueError(f"--zero_shot: the row names {clash} (zero_shot_<directory or hub name>) repeat or are "
+                             "method names; give the models distinct directory names")
+
+
+def _outside_model(spec: str, flag: str) -> str:
+    if not is_hf_classifier(spec):
+        raise ValueError(f"{flag} {spec!r}: give an outside reward model as '{HF_CLASSIFIER}<dir or hub id>'")
+    check_classifier_source(spec, flag)
+    source = classifier_source(spec)
+    return HF_CLASSIFIER + (os.path.abspath(os.path.expanduser(source)) if looks_like_path(source) else source)
+
+
+def zero_shot_name(spec: str) -> str:
+    """The row and stage folder of a zero-shot model: `zero_shot_` + its directory's (or hub id's) last part."""
+    base = os.path.basename(classifier_source(spec).rstrip("/")) or "model"
+    return "zero_shot_" + re.sub(r"[^A-Za-z0-9_.-]", "_", base)
+
+
+def outside_model_args(spec: str, extra: list[str]) -> list[str]:
+    """The `cli.py` arguments of an outside classifier's stage: `cli.py test --model.backbone hf_classifier:X
+    --model.tokenizer X` (the arguments the weak labels build it from: `classifier_init_args`). The `extra` stage
+    arguments go after the class (so `--model.*` flags among them parse) and before the model's own two, which win."""
+    return ["--model.class_path=lightning_modules.reward.reward_model.RewardModelModule", *extra,
+            *[f"--model.{k}={v}" for k, v in classifier_init_args(spec).items()]]
 
 
 # ---- the stages -------------------------------------------------------------------------------------------------
@@ -143,6 +206,7 @@ class Stage:
     args: list[str]
     checkpoint: str
     upstream: tuple[str, ...] = ()
+    pretrained: Optional[str] = None  # an outside model tested as is: the stage runs `cli.py test` only
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
 
     @property
@@ -166,9 +230,15 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
         seed_dir = os.path.join(p.out_dir, f"seed{seed}")
         common = [f"--seed_everything={seed}", f"--data.seed={seed}"]
         teacher = (configs(p.trainer_configs + p.data_configs + p.teacher_configs) + common
-                   + ["--data.train_subset=teacher"] + p.teacher_args)
-        stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
-                            p.teacher_checkpoint))
+                   + ["--data.train_subset=teacher"])
+        if p.teacher_pretrained:  # tested as is; a --model.tokenizer of teacher_args yields to the model's own
+            stages.append(Stage(seed, "teacher", "outside teacher", os.path.join(seed_dir, "teacher"),
+                                teacher + outside_model_args(p.teacher_pretrained, p.teacher_args), PRETRAINED,
+                                pretrained=p.teacher_pretrained))
+        else:
+            teacher += p.teacher_args
+            stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
+                                p.teacher_checkpoint))
         student = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
                    + ["--data.train_subset=student"]
                    + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
@@ -182,7 +252,16 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             stages.append(Stage(seed, m.name, f"method {m.name!r}", os.path.join(seed_dir, m.name),
                                 student + m.cli_args(), p.student_checkpoint,
                                 ("teacher", "ceiling") if p.ceiling else ("teacher",)))
+        for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
+            name = zero_shot_name(spec)
+            args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
+                    + outside_model_args(spec, p.zero_shot_args))
+            stages.append(Stage(seed, name, f"zero-shot {spec!r}", os.path.join(seed_dir, name), args, PRETRAINED,
+                                ("teacher",), pretrained=spec))
     return stages
+
+
+PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
 
 
 def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
@@ -214,6 +293,10 @@ def _check_model(model: dict) -> None:
 
     a = model.get("init_args") or {}
     if "anchor_layers" not in a:  # not a reward model: nothing of ours to check
+        return
+    if is_hf_classifier(a["backbone"]):  # an outside model scored whole: no layers of ours to anchor
+        check_classifier_source(a["backbone"], "--model.backbone")
+        check_classifier_options(a["backbone"], **{k: v for k, v in a.items() if k != "backbone"})
         return
     _validate(a["backbone"], a["tokenizer"], a["anchor_coef"], a["anchor_layers"], a["quantization"], a["lora"],
               a["freeze_layers"])
@@ -290,7 +373,7 @@ def refuse_changed_stages(stages: list[Stage], force: bool) -> None:
     for stage in stages:
         finished = read_json(stage.result_path)
         if finished is not None:
-            identity = stage_identity(stage.config, stage.checkpoint, {})
+            identity = _identity(stage, {})
             diff = _changes(finished, {k: v for k, v in identity.items() if k != "upstream"})
             if diff:
                 changed.append((stage, diff))
@@ -304,7 +387,7 @@ def refuse_changed_stages(stages: list[Stage], force: bool) -> None:
 def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: bool) -> dict:
     upstream = {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
                 for name in stage.upstream}
-    identity = stage_identity(stage.config, stage.checkpoint, upstream)
+    identity = _identity(stage, upstream)
     finished = read_json(stage.result_path)
     if finished is not None:
         diff = _changes(finished, identity)
@@ -314,7 +397,17 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: bool) ->
             _refuse([(stage, diff)])
     if is_global_zero():
         clear_stage_dir(stage.dir)
-    return run_stage(stage, stage.args + upstream_args(stage, done), identity)
+    run = run_test_stage if stage.pretrained else run_stage
+    return run(stage, stage.args + upstream_args(stage, done), identity)
+
+
+def _identity(stage: Stage, upstream: dict) -> dict:
+    """`stage_identity`, plus the state of an outside model's files: its path alone (in the config) would not
+    notice a new export written to the same directory."""
+    from datamodules.preference.weak_labels import checkpoint_key
+
+    model = checkpoint_key(stage.pretrained, "--teacher_pretrained / --zero_shot") if stage.pretrained else None
+    return stage_identity(stage.config, stage.checkpoint, upstream, model=model)
 
 
 def clear_stage_dir(stage_dir: str) -> None:
@@ -354,6 +447,24 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         result["drift"] = drift
     if teacher_labels:
         result["teacher_labels"] = teacher_labels
+    if is_global_zero():
+        atomic_write_json(result, stage.result_path)
+    return result
+
+
+def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
+    """An outside model's stage: `cli.py test` only. Its result has a fitted stage's keys; "checkpoint" is the
+    model itself (`hf_classifier:...`), which the students' `--data.teacher_checkpoint` then takes."""
+    from cli import main
+
+    test_args = ["test", *args, *stage.location_args("test"), "--verbose=false"]
+    _write_commands(stage.dir, [test_args])
+    start = time.time()
+    test = main(test_args)
+    run = test.trainer.strategy.broadcast(uuid.uuid4().hex)  # as in `run_stage`: the same id on every rank
+    result = {"test": test.model.test_results, "checkpoint": stage.pretrained, "fit_seconds": 0.0,
+              "test_seconds": round(time.time() - start, 1), "identity": identity, "run": run, "args": args,
+              "pretrained": stage.pretrained}
     if is_global_zero():
         atomic_write_json(result, stage.result_path)
     return result

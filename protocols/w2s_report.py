@@ -122,7 +122,7 @@ def summarize(p, raw: dict[str, dict[int, dict]]) -> dict:
     teacher_labels = teacher_label_structure(raw)
     correlation = drift_ood_correlation(table, targets)
     markdown = "\n\n".join(part for part in (
-        WHAT_TO_LOOK_FOR, markdown_table(table, cols, len(p.seeds)),
+        WHAT_TO_LOOK_FOR, outside_models_line(p), markdown_table(table, cols, len(p.seeds)),
         interval_table(table, targets) if len(p.seeds) > 1 else "",
         teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
@@ -135,6 +135,21 @@ WHAT_TO_LOOK_FOR = ("What to look for: the paper's failure is a weak-label stude
                     "in-distribution) and some AOG < 0 (it falls below the teacher out of distribution); ANCHOR "
                     "should keep the WRG and lift the NTS.")
 WEAK_LABEL_METHODS_EXCLUDED = ("teacher", "ceiling")
+
+
+def outside_models_line(p) -> str:
+    """Which rows are outside models tested as is (`teacher_pretrained`, `zero_shot`): their rows come from
+    `cli.py test` alone, scored like the others (the teacher's gains 0, the zero-shot rows' against the teacher)."""
+    from protocols.w2s import zero_shot_name
+
+    parts = []
+    if getattr(p, "teacher_pretrained", None):
+        parts.append(f"the teacher is the outside reward model `{p.teacher_pretrained}`, tested as is (not trained "
+                     "here); the students learn from its labels")
+    for spec in getattr(p, "zero_shot", None) or []:
+        parts.append(f"`{zero_shot_name(spec)}` is `{spec}`, tested zero-shot (no training): its WRG / AOG / NTS "
+                     "are against the teacher on the same pairs")
+    return ("Outside models: " + "; ".join(parts) + ".") if parts else ""
 
 
 def teacher_label_structure(raw: dict[str, dict[int, dict]]) -> dict[int, dict]:
