@@ -19,7 +19,7 @@ import json
 import math
 import os
 import shutil
-from typing import Any
+from typing import Any, Optional
 
 from lightning_modules.reward.subset_report import slug
 from protocols.w2s_report import row_scores
@@ -27,15 +27,17 @@ from protocols.w2s_report import row_scores
 HPARAMS_DIR = "hparams"
 
 
-def stage_hparams(name: str, seed: int, config: dict) -> dict[str, Any]:
-    """A stage's hyperparameters, from its resolved `cli.py` configuration."""
+def stage_hparams(name: str, seed: int, config: dict, pretrained: Optional[str] = None) -> dict[str, Any]:
+    """A stage's hyperparameters, from its resolved `cli.py` configuration. An outside model (`pretrained`) was
+    not trained here: its objective is "outside:<model>", never the config's default objective."""
     model = (config.get("model") or {}).get("init_args") or {}
     objective = model.get("objective") or {}
     coef = float(model.get("anchor_coef") or 0.0)
     layers = model.get("anchor_layers") or []
+    trained_with = (objective.get("class_path") or "GoldBradleyTerry").rsplit(".", 1)[-1]
     return {
         "method": name,
-        "objective": (objective.get("class_path") or "GoldBradleyTerry").rsplit(".", 1)[-1],
+        "objective": f"outside:{pretrained}" if pretrained else trained_with,
         "objective_args": json.dumps(objective.get("init_args") or {}, sort_keys=True),
         "anchor_coef": coef,
         "anchor_layers": ",".join(f"{float(f):g}" for f in layers) if coef > 0 and layers else "none",
@@ -77,7 +79,7 @@ def write_hparams(out_dir: str, stages: list, done: dict[str, dict[int, dict]], 
     shutil.rmtree(tmp, ignore_errors=True)
     for stage in stages:
         write_session(os.path.join(tmp, f"seed{stage.seed}", stage.name),
-                      stage_hparams(stage.name, stage.seed, stage.config or {}),
+                      stage_hparams(stage.name, stage.seed, stage.config or {}, getattr(stage, "pretrained", None)),
                       stage_metrics(done[stage.name][stage.seed], id_source, stage.name == "teacher"))
     old = f"{root}.old{os.getpid()}"
     if os.path.isdir(root):

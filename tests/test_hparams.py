@@ -26,6 +26,8 @@ def test_stage_hparams_from_the_resolved_config():
     assert stage_hparams("teacher", 0, teacher) == {
         "method": "teacher", "objective": "GoldBradleyTerry", "objective_args": "{}", "anchor_coef": 0.0,
         "anchor_layers": "none", "seed": 0}
+    outside = stage_hparams("teacher", 1, teacher, pretrained="hf_classifier:/m/rm")
+    assert outside["objective"] == "outside:hf_classifier:/m/rm"  # not trained here: no default objective shown
 
 
 def test_stage_metrics_are_the_results_table_values():
