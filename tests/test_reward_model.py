@@ -163,6 +163,28 @@ def test_keep_layers_zero_is_a_bag_of_embeddings():
         RewardModelModule(backbone="minilm", keep_layers=7)
 
 
+def test_vocab_limit_reads_rare_tokens_as_unknown():
+    """vocab_limit=k: ids >= k score exactly as the unknown token would; lower ids and special tokens are untouched."""
+    from lightning_modules.reward.reward_model import RewardModelModule
+
+    limited = RewardModelModule(backbone="minilm", pooling="mean", keep_layers=1, vocab_limit=3000).eval()
+    full = RewardModelModule(backbone="minilm", pooling="mean", keep_layers=1).eval()
+    full.load_state_dict(limited.state_dict())
+    cls, sep, unk = 101, 102, 100
+    ids = torch.tensor([[cls, 2023, 5121, 2003, 26223, sep]])  # 5121 "certainly" and 26223 are past the limit
+    by_hand = torch.tensor([[cls, 2023, unk, 2003, unk, sep]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        h = limited.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        h_by_hand = full.backbone(input_ids=by_hand, attention_mask=mask).last_hidden_state
+        h_unlimited = full.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(h, h_by_hand, rtol=0, atol=0)
+    assert not torch.allclose(h, h_unlimited)
+    for bad in (0, 10**6, 2.5):
+        with pytest.raises(ValueError, match="vocab_limit must be an integer"):
+            RewardModelModule(backbone="minilm", keep_layers=0, vocab_limit=bad)
+
+
 @pytest.mark.parametrize("backbone, pooling", [("tiny-qwen2", "last"), ("tiny-llama", "last"), ("tiny-gpt2", "last"),
                                                ("tiny-gpt2", "mean"), ("minilm", "mean")])
 def test_no_trainable_parameter_is_driven_by_noise(word_tokenizer_dir, cache_dir, backbone, pooling):

@@ -74,6 +74,7 @@ def check_classifier_options(backbone: str, **options: Any) -> None:
     unsupported = {
         "anchor_coef": lambda v: v > 0, "lora": lambda v: v is not None, "quantization": lambda v: v is not None,
         "freeze_layers": lambda v: v > 0, "keep_layers": lambda v: v is not None, "tiny_config": bool,
+        "vocab_limit": lambda v: v is not None,
         "pooling": lambda v: v != "last", "share_frozen_prefix": bool, "cache_frozen_prefix": bool,
         "gradient_checkpointing": bool, "center_rewards_coef": lambda v: v > 0,
     }

@@ -37,6 +37,9 @@ def refuse_unexportable(hp: dict, lora_only: bool) -> None:
             f"the checkpoint's backbone is quantized (--model.quantization {hp['quantization']}): bitsandbytes "
             "weights cannot be written as a standard transformers model that scores the same. Train without "
             "quantization (bf16 LoRA) to export.")
+    if hp.get("vocab_limit") is not None:
+        raise ExportError(f"the checkpoint reads token ids >= {hp['vocab_limit']} as unknown (--model.vocab_limit): "
+                          "no transformers class does that, so an export would score differently")
     if str(hp.get("backbone", "")).startswith("hf_classifier:"):
         raise ExportError(f"the checkpoint wraps an outside classifier ({hp['backbone']}): it is already a "
                           "transformers directory")

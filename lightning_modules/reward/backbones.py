@@ -112,6 +112,28 @@ def _layer_count_key(cfg: PretrainedConfig, name: str, keep: int) -> str:
     return key
 
 
+def limit_vocabulary(backbone: nn.Module, tokenizer, limit: int) -> None:
+    """A small-vocabulary model (a real lexical weakness of older / smaller reward models): every token id >= `limit`
+    is read as the tokenizer's unknown token; special tokens are kept. WordPiece and BPE vocabularies are built
+    roughly in frequency order, so this keeps about the `limit` most frequent entries. A forward pre-hook on the
+    input embedding, so training, weak labels and tests all see the same vocabulary."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        raise ValueError(f"--model.vocab_limit needs a tokenizer with an unknown token; "
+                         f"{type(tokenizer).__name__} has none")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= len(tokenizer):
+        raise ValueError(f"--model.vocab_limit must be an integer in [1, {len(tokenizer)}] (the vocabulary size), "
+                         f"got {limit!r}")
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+
+    def to_known(module: nn.Module, args: tuple):
+        ids = args[0]
+        known = (ids < limit) | torch.isin(ids, special.to(ids.device))
+        return (torch.where(known, ids, torch.full_like(ids, unk)), *args[1:])
+
+    backbone.get_input_embeddings().register_forward_pre_hook(to_known)
+
+
 def bnb_config(quantization: str):
     if quantization not in QUANTIZATION:
         raise ValueError(f"--model.quantization must be one of {QUANTIZATION} or null, got {quantization!r}")

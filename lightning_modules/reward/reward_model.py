@@ -24,7 +24,8 @@ from lightning_modules.export.hf_classifier import (
     check_classifier_options, classifier_rewards, classifier_source, is_hf_classifier, load_hf_classifier,
 )
 from lightning_modules.reward.backbones import (
-    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, num_layers,
+    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, limit_vocabulary,
+    num_layers,
 )
 from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
@@ -47,6 +48,9 @@ class RewardModelModule(LightningModule):
         keep_layers: keep only the first k transformer layers of a pretrained backbone (its pretrained
             embeddings and lower layers: a smaller model of the same family, e.g. the synthetic benchmark's
             weak teacher); null keeps them all.
+        vocab_limit: read every token id >= k as the unknown token (special tokens kept): a small-vocabulary
+            model, about the k most frequent entries of a WordPiece / BPE vocabulary. A weak teacher's lexical
+            weakness (docs/w2s.md); null keeps the whole vocabulary. Not exportable (no HF class does this).
         pooling: "last" (last non-padding token) or "mean" (mean over non-padding tokens).
         objective: the preference loss (gold Bradley–Terry, naive soft BT, confidence W2S, ...).
         anchor_coef: λ of ANCHOR; 0 disables it (and no reference model is built).
@@ -84,6 +88,7 @@ class RewardModelModule(LightningModule):
         tokenizer: Optional[str] = None,
         tiny_config: Optional[dict] = None,
         keep_layers: Optional[int] = None,
+        vocab_limit: Optional[int] = None,
         pooling: Pooling = "last",
         objective: Optional[PreferenceObjective] = None,
         anchor_coef: float = 0.0,
@@ -137,6 +142,8 @@ class RewardModelModule(LightningModule):
         if disable_dropout:
             _disable_dropout_everywhere(self.backbone)
         self._freeze_lower_layers(freeze_layers)
+        if vocab_limit is not None:
+            limit_vocabulary(self.backbone, tok, vocab_limit)
         if gradient_checkpointing:
             if not getattr(self.backbone, "supports_gradient_checkpointing", False):
                 raise ValueError(f"--model.gradient_checkpointing: {type(self.backbone).__name__} does not support it")
