@@ -1,0 +1,107 @@
+"""ID accuracy and NTS against ANCHOR's λ, from a finished protocol run (issue 10's ablation; docs/results.md):
+
+    python -m protocols.lambda_curve --out_dir runs/w2s_small_vocab_ablations
+
+Reads `<out_dir>/results.json` and `protocol.json`; the curve is every method trained on soft weak labels with the
+plain soft Bradley–Terry objective and no extra arguments, at its `anchor_coef` (λ = 0 is naive). Writes
+`<out_dir>/figures/lambda_curve.png` (mean ± std over seeds, every seed as a dot; λ = 0 on a symlog axis) and
+prints the curve as a markdown table with the per-seed values.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+
+from datamodules.atomic_files import atomic_write
+
+
+def curve_methods(protocol: dict) -> list[tuple[float, str]]:
+    """(λ, method name) of the methods that differ from naive only by λ, sorted by λ."""
+    out = []
+    for m in protocol["methods"]:
+        plain = m.get("objective") in ("SoftBradleyTerry", "naive") and not m.get("objective_args")
+        extra = [a for a in m.get("args", []) if not a.startswith("--reference.")]  # reference caching: speed only
+        if plain and not extra and m.get("anchor_layers", [1.0]) == [1.0]:
+            out.append((float(m.get("anchor_coef", 0.0)), m["name"]))
+    if len({lam for lam, _ in out}) != len(out):
+        raise ValueError(f"two methods share a λ: {out}")
+    return sorted(out)
+
+
+def curve_rows(results: dict, protocol: dict) -> list[dict]:
+    id_key = f"acc/{results['id_source']}"
+    rows = []
+    for lam, name in curve_methods(protocol):
+        row = results["rows"].get(name)
+        if row is None:
+            continue
+        rows.append({"lambda": lam, "method": name,
+                     **{k: row[key] for k, key in (("id", id_key), ("nts", "nts"), ("wrg", "wrg"))}})
+    if len(rows) < 2:
+        raise ValueError("fewer than two λ values in the results: nothing to plot")
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    def cell(c: dict) -> str:
+        seeds = ", ".join(f"{v:.1f}" for _, v in sorted(c["per_seed"].items(), key=lambda kv: int(kv[0])))
+        std = f" ± {c['std']:.1f}" if c.get("std") is not None else ""
+        return f"{c['mean']:.1f}{std} ({seeds})"
+    lines = ["| λ | method | ID acc | WRG | NTS |", "|---|---|---|---|---|"]
+    lines += [f"| {r['lambda']:g} | {r['method']} | {cell(r['id'])} | {cell(r['wrg'])} | {cell(r['nts'])} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lams = [r["lambda"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    for key, label, color in (("id", "ID accuracy (%)", "tab:blue"), ("nts", "NTS (pp)", "tab:orange")):
+        means = [r[key]["mean"] for r in rows]
+        stds = [r[key]["std"] or 0.0 for r in rows]
+        ax.errorbar(lams, means, yerr=stds, marker="o", capsize=3, color=color, label=label)
+        for lam, r in zip(lams, rows):
+            ys = list(r[key]["per_seed"].values())
+            ax.scatter([lam] * len(ys), ys, s=8, color=color, alpha=0.4)
+    positive = [lam for lam in lams if lam > 0]
+    ax.set_xscale("symlog", linthresh=min(positive) if positive else 1.0)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xlabel("λ (ANCHOR coefficient; 0 = naive)")
+    n = max(len(r["id"]["per_seed"]) for r in rows)
+    ax.set_title(f"ID accuracy and NTS against λ ({n} seed{'s' if n > 1 else ''}; bars: std)")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write(path, png.getvalue())
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out_dir", required=True, help="a finished protocol run with several λ values")
+    args = parser.parse_args(argv)
+    paths = {name: os.path.join(args.out_dir, f"{name}.json") for name in ("results", "protocol")}
+    missing = [p for p in paths.values() if not os.path.isfile(p)]
+    if missing:
+        raise SystemExit(f"lambda_curve: {missing} not found: run the protocol on --out_dir first")
+    with open(paths["results"], encoding="utf-8") as f:
+        results = json.load(f)
+    with open(paths["protocol"], encoding="utf-8") as f:
+        protocol = json.load(f)
+    rows = curve_rows(results, protocol)
+    plot(rows, os.path.join(args.out_dir, "figures", "lambda_curve.png"))
+    table = markdown(rows)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
