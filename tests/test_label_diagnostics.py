@@ -42,3 +42,18 @@ def test_synthetic_sources_say_which_response_carries_the_artifact():
         assert source.artifact_side(record) == expected
     tech = build_source("synth_helpful_tech", n_test=20)
     assert {tech.artifact_side(r) for r in tech.load("test").records} == {None}
+
+
+def test_teacher_structure_splits_accuracy_by_where_the_artifact_sits():
+    """Accuracy per subset: all pairs, artifact on chosen / on rejected / absent; a margin > 0 is right."""
+    from protocols.teacher_structure import markdown, split_structure
+
+    records = [{"id": i, "side": s} for i, s in enumerate(["chosen", "chosen", "rejected", "rejected", "rejected", None])]
+    margins = [1.0, -0.5, 0.2, -1.0, -2.0, 0.3]
+    out = split_structure(records, margins, lambda r: r["side"])
+    assert out["all"] == {"acc": 50.0, "pairs": 6}
+    assert out["chosen"] == {"acc": 50.0, "pairs": 2}
+    assert out["rejected"]["pairs"] == 3 and abs(out["rejected"]["acc"] - 100 / 3) < 1e-9
+    assert out["none"] == {"acc": 100.0, "pairs": 1}
+    assert split_structure(records[:1], margins[:1], lambda r: r["side"])["rejected"] is None
+    assert markdown({"test/x": out}).splitlines()[2] == "| test/x | 50.0 (6) | 50.0 (2) | 33.3 (3) | 100.0 (1) |"
