@@ -1,11 +1,13 @@
 """ID accuracy and NTS against ANCHOR's λ, from a finished protocol run (issue 10's ablation; docs/results.md):
 
-    python -m protocols.lambda_curve --out_dir runs/w2s_small_vocab_ablations
+    python -m protocols.lambda_curve --out_dir runs/w2s_small_vocab --out_dir runs/w2s_small_vocab_ablations
 
-Reads `<out_dir>/results.json` and `protocol.json`; the curve is every method trained on soft weak labels with the
-plain soft Bradley–Terry objective and no extra arguments, at its `anchor_coef` (λ = 0 is naive). Writes
-`<out_dir>/figures/lambda_curve.png` (mean ± std over seeds, every seed as a dot; λ = 0 on a symlog axis) and
-prints the curve as a markdown table with the per-seed values.
+Reads `<out_dir>/results.json` and `protocol.json` of each run (runs of the same teacher and data: several out_dirs
+let an ablation reuse the main run's λ = 0 and λ = 100 instead of training them again); the curve is every method
+trained on soft weak labels with the plain soft Bradley–Terry objective and no extra arguments, at its
+`anchor_coef` (λ = 0 is naive), on the seeds all its points share. Writes `figures/lambda_curve.png` in the last
+out_dir (mean ± std over seeds, every seed as a dot; λ = 0 on a symlog axis) and prints the curve as a markdown
+table with the per-seed values.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 
 from datamodules.atomic_files import atomic_write
 
@@ -30,18 +33,36 @@ def curve_methods(protocol: dict) -> list[tuple[float, str]]:
     return sorted(out)
 
 
-def curve_rows(results: dict, protocol: dict) -> list[dict]:
-    id_key = f"acc/{results['id_source']}"
-    rows = []
-    for lam, name in curve_methods(protocol):
-        row = results["rows"].get(name)
-        if row is None:
-            continue
-        rows.append({"lambda": lam, "method": name,
-                     **{k: row[key] for k, key in (("id", id_key), ("nts", "nts"), ("wrg", "wrg"))}})
+def curve_rows(runs: list[tuple[dict, dict]]) -> list[dict]:
+    """One row per λ over every run ((results, protocol) pairs), restricted to the seeds every row has."""
+    rows, seen = [], {}
+    for results, protocol in runs:
+        id_key = f"acc/{results['id_source']}"
+        for lam, name in curve_methods(protocol):
+            row = results["rows"].get(name)
+            if row is None:
+                continue
+            if lam in seen:
+                raise ValueError(f"λ = {lam:g} is in two runs ({seen[lam]} and {name}): keep it in one")
+            seen[lam] = name
+            rows.append({"lambda": lam, "method": name,
+                         **{k: row[key] for k, key in (("id", id_key), ("nts", "nts"), ("wrg", "wrg"))}})
     if len(rows) < 2:
         raise ValueError("fewer than two λ values in the results: nothing to plot")
-    return rows
+    common = set.intersection(*(set(r["id"]["per_seed"]) for r in rows))
+    if not common:
+        raise ValueError("the λ values share no seed")
+    return sorted((_on_seeds(r, common) for r in rows), key=lambda r: r["lambda"])
+
+
+def _on_seeds(row: dict, seeds: set) -> dict:
+    out = dict(row)
+    for key in ("id", "nts", "wrg"):
+        values = {s: v for s, v in row[key]["per_seed"].items() if s in seeds}
+        xs = list(values.values())
+        out[key] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else None,
+                    "per_seed": values}
+    return out
 
 
 def markdown(rows: list[dict]) -> str:
@@ -86,18 +107,22 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", required=True, help="a finished protocol run with several λ values")
+    parser.add_argument("--out_dir", required=True, action="append",
+                        help="a finished protocol run; repeat it to join runs of the same teacher and data")
     args = parser.parse_args(argv)
-    paths = {name: os.path.join(args.out_dir, f"{name}.json") for name in ("results", "protocol")}
-    missing = [p for p in paths.values() if not os.path.isfile(p)]
-    if missing:
-        raise SystemExit(f"lambda_curve: {missing} not found: run the protocol on --out_dir first")
-    with open(paths["results"], encoding="utf-8") as f:
-        results = json.load(f)
-    with open(paths["protocol"], encoding="utf-8") as f:
-        protocol = json.load(f)
-    rows = curve_rows(results, protocol)
-    plot(rows, os.path.join(args.out_dir, "figures", "lambda_curve.png"))
+    runs = []
+    for out_dir in args.out_dir:
+        paths = [os.path.join(out_dir, f"{name}.json") for name in ("results", "protocol")]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise SystemExit(f"lambda_curve: {missing} not found: run the protocol on that --out_dir first")
+        loaded = []
+        for path in paths:
+            with open(path, encoding="utf-8") as f:
+                loaded.append(json.load(f))
+        runs.append(tuple(loaded))
+    rows = curve_rows(runs)
+    plot(rows, os.path.join(args.out_dir[-1], "figures", "lambda_curve.png"))
     table = markdown(rows)
     print(table)
     return table

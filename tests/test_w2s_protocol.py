@@ -435,25 +435,34 @@ def test_paper_configs_fast_dev_run_on_tiny_models(name, tmp_path, word_tokenize
 
 
 def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp_path):
-    """The λ curve is the methods that differ from naive only by λ (λ = 0 is naive); a hard-label or
-    confidence method is not a point of it. Table cells: mean ± std (per-seed values)."""
+    """The λ curve is the methods that differ from naive only by λ (λ = 0 is naive), joined over runs and cut to the
+    seeds every point has; a hard-label or confidence method is not a point of it. Cells: mean ± std (per seed)."""
     from protocols.lambda_curve import main as lambda_curve
 
     cell = lambda *v: {"mean": sum(v) / len(v), "std": float(np.std(v, ddof=1)),  # noqa: E731
                        "per_seed": {str(i): x for i, x in enumerate(v)}}
-    protocol = {"methods": [
+    main = {"methods": [
         {"name": "naive", "objective": "SoftBradleyTerry", "anchor_coef": 0.0, "args": []},
+        {"name": "conf", "objective": "ConfidenceW2S", "objective_args": {"aux_coef": 0.5}, "anchor_coef": 0.0},
+        {"name": "anchor", "objective": "SoftBradleyTerry", "anchor_coef": 100.0,
+         "args": ["--reference.cache_outputs=true"]}]}
+    ablation = {"methods": [
         {"name": "naive_hard", "objective": "SoftBradleyTerry", "anchor_coef": 0.0,
          "args": ["--data.label_temperature=0"]},
-        {"name": "conf", "objective": "ConfidenceW2S", "objective_args": {"aux_coef": 0.5}, "anchor_coef": 0.0},
-        {"name": "lam100", "objective": "SoftBradleyTerry", "anchor_coef": 100.0,
-         "args": ["--reference.cache_outputs=true"]},
         {"name": "lam1", "objective": "SoftBradleyTerry", "anchor_coef": 1.0}]}
-    rows = {name: {"acc/src": cell(80.0 + i, 82.0 + i), "wrg": cell(1.0, 3.0), "nts": cell(-2.0 + i, 2.0 + i)}
-            for i, name in enumerate(["naive", "naive_hard", "conf", "lam100", "lam1"])}
-    (tmp_path / "results.json").write_text(json.dumps({"id_source": "src", "rows": rows}))
-    (tmp_path / "protocol.json").write_text(json.dumps(protocol))
-    table = lambda_curve(["--out_dir", str(tmp_path)]).splitlines()
-    assert [line.split(" | ")[1] for line in table[2:]] == ["naive", "lam1", "lam100"]
-    assert table[3] == "| 1 | lam1 | 85.0 ± 1.4 (84.0, 86.0) | 2.0 ± 1.4 (1.0, 3.0) | 4.0 ± 2.8 (2.0, 6.0) |"
-    assert (tmp_path / "figures" / "lambda_curve.png").stat().st_size > 1000
+    runs = {"main": (main, {"naive": (80.0, 82.0, 90.0), "conf": (1.0, 1.0, 1.0), "anchor": (83.0, 85.0, 99.0)}),
+            "abl": (ablation, {"naive_hard": (81.0, 83.0), "lam1": (84.0, 86.0)})}
+    for name, (protocol, accs) in runs.items():
+        rows = {m: {"acc/src": cell(*a), "wrg": cell(*[x - 79.0 for x in a]), "nts": cell(*[x - 82.0 for x in a])}
+                for m, a in accs.items()}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"id_source": "src", "rows": rows}))
+        (tmp_path / name / "protocol.json").write_text(json.dumps(protocol))
+    table = lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "abl")]).splitlines()
+    assert [line.split(" | ")[1] for line in table[2:]] == ["naive", "lam1", "anchor"]
+    # seed 2 exists only in the main run: dropped from every point
+    assert table[2] == "| 0 | naive | 81.0 ± 1.4 (80.0, 82.0) | 2.0 ± 1.4 (1.0, 3.0) | -1.0 ± 1.4 (-2.0, 0.0) |"
+    assert table[3] == "| 1 | lam1 | 85.0 ± 1.4 (84.0, 86.0) | 6.0 ± 1.4 (5.0, 7.0) | 3.0 ± 1.4 (2.0, 4.0) |"
+    assert (tmp_path / "abl" / "figures" / "lambda_curve.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="λ = 0 is in two runs"):
+        lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "main")])
