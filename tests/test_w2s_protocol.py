@@ -466,3 +466,22 @@ def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp
     assert (tmp_path / "abl" / "figures" / "lambda_curve.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="λ = 0 is in two runs"):
         lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "main")])
+
+
+def test_join_rows_takes_each_row_from_its_run_on_the_shared_seeds(tmp_path):
+    from protocols.join_rows import main as join_rows
+
+    cell = lambda **v: {"mean": 0.0, "per_seed": v}  # noqa: E731  (join_rows recomputes from per_seed)
+    runs = {"main": {"naive": {"acc/src": cell(**{"0": 80.0, "1": 82.0, "2": 99.0}), "wrg": cell(**{"0": 1.0, "1": 3.0, "2": 9.0}),
+                               "aog/tgt": cell(**{"0": -4.0, "1": -2.0, "2": 9.0}), "nts": cell(**{"0": -1.0, "1": -3.0, "2": 9.0})}},
+            "abl": {"hard": {"acc/src": cell(**{"0": 90.0, "1": 91.0}), "wrg": cell(**{"0": 2.0, "1": 2.0}),
+                             "aog/tgt": cell(**{"0": 1.0, "1": 3.0}), "nts": cell(**{"0": 1.0, "1": 3.0})}}}
+    for name, rows in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"id_source": "src", "targets": ["tgt"], "rows": rows}))
+    table = join_rows(["--row", f"{tmp_path / 'main'}:naive", "--row", f"{tmp_path / 'abl'}:hard"]).splitlines()
+    assert table[0].startswith("Mean ± std over seeds 0, 1;")
+    assert table[4] == "| naive | 81.0 ± 1.4 | +2.0 ± 1.4 | -3.0 ± 1.4 | -2.0 ± 1.4 (-1.0, -3.0) |"
+    assert table[5] == "| hard | 90.5 ± 0.7 | +2.0 ± 0.0 | +2.0 ± 1.4 | +2.0 ± 1.4 (+1.0, +3.0) |"
+    with pytest.raises(SystemExit, match="no row 'x'"):
+        join_rows(["--row", f"{tmp_path / 'main'}:x"])
