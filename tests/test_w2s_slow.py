@@ -24,23 +24,19 @@ def tolerance(column: str, value: float) -> float:
     return 1.0  # percent points
 
 
-def test_make_demo_reproduces_the_documented_table(tmp_path):
-    out = tmp_path / "w2s_demo"
-    subprocess.run([sys.executable, "-m", "protocols.w2s", "--config", "configs/experiment/w2s_demo.yaml",
-                    f"--out_dir={out}"], cwd=ROOT, check=True)
+def run_and_compare(config: str, table: str, out) -> None:
+    """Run a protocol config into `out` and compare its results.md with the table marked `table` in docs/results.md."""
+    subprocess.run([sys.executable, "-m", "protocols.w2s", "--config", config, f"--out_dir={out}"], cwd=ROOT, check=True)
     measured = parse_table(open(os.path.join(out, "results.md"), encoding="utf-8").read())
-    documented = parse_table(documented_table("results.md", "w2s-demo"))
+    documented = parse_table(documented_table("results.md", table))
     assert set(documented) == set(measured), (sorted(documented), sorted(measured))
     assert table_differences(documented, measured, tolerance) == []
+
+
+def test_make_demo_reproduces_the_documented_table(tmp_path):
+    run_and_compare("configs/experiment/w2s_demo.yaml", "w2s-demo", tmp_path / "w2s_demo")
 
 
 def test_five_seed_naive_failure_table(tmp_path):
-    """Issue 10's claim table (docs/results.md `w2s-small-vocab`, 5 seeds: mean ± std cells) — about 45 min on 2 cores.
-    The means are checked with the demo's tolerance; the per-seed values behind them are the demo's kind of run."""
-    out = tmp_path / "w2s_small_vocab"
-    subprocess.run([sys.executable, "-m", "protocols.w2s", "--config", "configs/experiment/w2s_small_vocab.yaml",
-                    f"--out_dir={out}"], cwd=ROOT, check=True)
-    measured = parse_table(open(os.path.join(out, "results.md"), encoding="utf-8").read())
-    documented = parse_table(documented_table("results.md", "w2s-small-vocab"))
-    assert set(documented) == set(measured), (sorted(documented), sorted(measured))
-    assert table_differences(documented, measured, tolerance) == []
+    """Issue 10's claim table (docs/results.md `w2s-small-vocab`, 5 seeds: mean ± std cells) — about 45 min on 2 cores."""
+    run_and_compare("configs/experiment/w2s_small_vocab.yaml", "w2s-small-vocab", tmp_path / "w2s_small_vocab")
