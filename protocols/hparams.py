@@ -79,7 +79,7 @@ def write_hparams(out_dir: str, stages: list, done: dict[str, dict[int, dict]], 
     shutil.rmtree(tmp, ignore_errors=True)
     for stage in stages:
         write_session(os.path.join(tmp, f"seed{stage.seed}", stage.name),
-                      stage_hparams(stage.name, stage.seed, stage.config or {}, getattr(stage, "pretrained", None)),
+                      stage_hparams(stage.name, stage.seed, stage.config or {}, stage.pretrained),
                       stage_metrics(done[stage.name][stage.seed], id_source, stage.name == "teacher"))
     old = f"{root}.old{os.getpid()}"
     if os.path.isdir(root):

@@ -29,12 +29,12 @@ def load_row(spec: str) -> tuple[str, dict, dict]:
     return method, results["rows"][method], results
 
 
-def cell(c: dict, seeds: list[str], per_seed: bool = False) -> str:
+def cell(c: dict, seeds: list[str], signed: bool, per_seed: bool = False) -> str:
+    """mean ± std over `seeds` (gains signed, accuracies not), optionally with the per-seed values."""
     xs = [c["per_seed"][s] for s in seeds]
-    mean = statistics.fmean(xs)
     std = f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""
     tail = " (" + ", ".join(f"{x:+.1f}" for x in xs) + ")" if per_seed else ""
-    return f"{mean:+.1f}{std}{tail}" if not c.get("_acc") else f"{mean:.1f}{std}{tail}"
+    return f"{statistics.fmean(xs):{'+' if signed else ''}.1f}{std}{tail}"
 
 
 def join(specs: list[str], seeds: Optional[list[str]] = None) -> str:
@@ -53,7 +53,7 @@ def join(specs: list[str], seeds: Optional[list[str]] = None) -> str:
     lines = [f"Mean ± std over seeds {', '.join(seeds)}; NTS with its per-seed values.", "",
              "| method | " + " | ".join(name for _, name in keys) + " |", "|---|" + "---|" * len(keys)]
     for method, row, _ in rows:
-        cells = [cell({**row[key], "_acc": key == id_key}, seeds, per_seed=key == "nts") for key, _ in keys]
+        cells = [cell(row[key], seeds, signed=key != id_key, per_seed=key == "nts") for key, _ in keys]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -33,8 +33,8 @@ from typing import Any, Optional
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from lightning_modules.export.hf_classifier import (
-    PREFIX as HF_CLASSIFIER, check_classifier_options, check_classifier_source, classifier_init_args,
-    classifier_source, is_hf_classifier, looks_like_path,
+    PREFIX as HF_CLASSIFIER, canonical_classifier, check_classifier_options, check_classifier_source,
+    classifier_init_args, classifier_source, is_hf_classifier,
 )
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
@@ -172,8 +172,7 @@ def _outside_model(spec: str, flag: str) -> str:
     if not is_hf_classifier(spec):
         raise ValueError(f"{flag} {spec!r}: give an outside reward model as '{HF_CLASSIFIER}<dir or hub id>'")
     check_classifier_source(spec, flag)
-    source = classifier_source(spec)
-    return HF_CLASSIFIER + (os.path.abspath(os.path.expanduser(source)) if looks_like_path(source) else source)
+    return canonical_classifier(spec)
 
 
 def zero_shot_name(spec: str) -> str:

@@ -161,12 +161,10 @@ def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint
 
 def teacher_name(teacher_checkpoint: str) -> str:
     """The teacher as recorded in the label file: an absolute path (a directory's, after the prefix) or a hub id."""
-    from lightning_modules.export.hf_classifier import PREFIX, classifier_source, is_hf_classifier, looks_like_path
+    from lightning_modules.export.hf_classifier import canonical_classifier, is_hf_classifier
 
-    if not is_hf_classifier(teacher_checkpoint):
-        return os.path.abspath(teacher_checkpoint)
-    source = classifier_source(teacher_checkpoint)
-    return PREFIX + (os.path.abspath(os.path.expanduser(source)) if looks_like_path(source) else source)
+    return canonical_classifier(teacher_checkpoint) if is_hf_classifier(teacher_checkpoint) else os.path.abspath(
+        teacher_checkpoint)
 
 
 def gold_agreement(labels: dict) -> float:

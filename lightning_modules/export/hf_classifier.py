@@ -45,6 +45,13 @@ def looks_like_path(source: str) -> bool:
             or os.path.exists(os.path.expanduser(source)))
 
 
+def canonical_classifier(backbone: str) -> str:
+    """`hf_classifier:` + an absolute path for a local directory (one name whatever the working directory), or the
+    hub id as given."""
+    source = classifier_source(backbone)
+    return PREFIX + (os.path.abspath(os.path.expanduser(source)) if looks_like_path(source) else source)
+
+
 def check_classifier_source(backbone: str, flag: str) -> None:
     """Refuse, naming `flag` and the path, a local directory that cannot hold a sequence classifier (missing, a file,
     no config.json, another architecture, no weights), reading no weights. A hub id is checked when it loads."""
