@@ -56,7 +56,8 @@ VARIANTS = {
     "w2s_anchor": dict(anchor_coef=100.0, w2s=True, cache_outputs=True),
 }
 # configs/model/minilm_student.yaml's init_args (tests/test_benchmarks_smoke.py keeps the two in step)
-W2S_STUDENT = dict(backbone="minilm", tokenizer="minilm", pooling="mean", freeze_layers=4, cache_frozen_prefix=True)
+W2S_STUDENT = dict(backbone="minilm", tokenizer="minilm", pooling="mean", freeze_layers=4, cache_frozen_prefix=True,
+                   length_buckets=4)
 W2S_LR = 2.0e-4
 W2S_PAIRS = {"n_train": 1600, "n_validation": 200, "n_test": 300}  # configs/experiment/w2s_demo.yaml's sizes
 FROZEN_PREFIX_RATIOS = (("fp_naive_cached", "fp_naive"), ("fp_anchor", "fp_naive"), ("fp_anchor_shared", "fp_naive"),
@@ -217,9 +218,9 @@ def prefix_cache_per_1k(model) -> float:
     """MiB the frozen-prefix cache holds per 1,000 training pairs (2,000 sequences; after the first epoch it
     holds every sequence seen)."""
     fp = getattr(model, "frozen_prefix", None)
-    if fp is None or not fp.cache or len(fp) == 0:
+    if fp is None or not fp.cache or fp.stored_rows == 0:
         return 0.0
-    return round(fp.bytes / len(fp) * 2000 / 2**20, 2)
+    return round(fp.store.bytes / fp.stored_rows * 2000 / 2**20, 2)
 
 
 def main() -> None:

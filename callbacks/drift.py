@@ -69,6 +69,8 @@ class DriftDiagnosticsCallback(Callback):
         self.reference: Optional[FrozenReference] = None
         self.owns_reference = False  # False when the ReferenceModelCallback's reference is reused
         self._shared_from: Optional[ReferenceModelCallback] = None
+        self._prefix: Any = None  # the module's FrozenPrefix when the probes can use its store (`_usable_prefix`)
+        self._prefix_asked = False
         self.layer_ids: list[int] = []
         self.depth = 0
         self.id_split: Optional[str] = None
@@ -167,7 +169,7 @@ class DriftDiagnosticsCallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":  # free the copy (or drop the borrowed pointer) and the probe batches
             self.reference, self._shared_from, self.owns_reference, self.probes = None, None, False, {}
-            self._reference_states = {}
+            self._reference_states, self._prefix, self._prefix_asked = {}, None, False
 
     # ---- measurement ---------------------------------------------------------------------------------------
     def measure(self, trainer: Trainer, pl_module: LightningModule) -> dict:
@@ -175,11 +177,14 @@ class DriftDiagnosticsCallback(Callback):
         if self.reference is None:
             raise RuntimeError("DriftDiagnosticsCallback: no reference (measure is only available during fit)")
         target = pl_module.reference_target()
+        if not self._prefix_asked:
+            self._prefix, self._prefix_asked = self._usable_prefix(pl_module), True
         modes = {m: m.training for m in target.modules()}
         target.eval()
         try:
             with torch.no_grad():
-                drift = {name: self._split_drift(target, name, batches, pl_module.device)
+                same = self._equals_reference(target)
+                drift = {name: self._split_drift(target, name, batches, pl_module.device, same)
                          for name, batches in self.probes.items()}
         finally:
             for module, mode in modes.items():
@@ -190,7 +195,17 @@ class DriftDiagnosticsCallback(Callback):
                 logger.log_metrics(flat_drift(drift), step=trainer.global_step)
         return drift
 
-    def _split_drift(self, target: nn.Module, name: str, batches: list[dict], device: torch.device) -> dict:
+    def _equals_reference(self, target: nn.Module) -> bool:
+        """Whether the student's weights are still the reference copy's (a fresh fit's start): its states are then
+        the reference's, exactly, and need no forward of their own."""
+        model = getattr(self.reference, "model", None)
+        if model is None or type(model) is not type(target):
+            return False
+        mine, theirs = target.state_dict(), model.state_dict()
+        return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+    def _split_drift(self, target: nn.Module, name: str, batches: list[dict], device: torch.device,
+                     same: bool = False) -> dict:
         sq = {k: 0.0 for k in self.layer_ids}
         cos = {k: 0.0 for k in self.layer_ids}
         pooled = {k: ([], []) for k in self.layer_ids}
@@ -202,15 +217,19 @@ class DriftDiagnosticsCallback(Callback):
             if n_tok == 0:
                 continue
             select = mask.bool()
-            student = target(**inputs, output_hidden_states=True).hidden_states
             reference = self._reference_batch(name, b, inputs, mask)
+            student = None if same else self._hidden_states(target, inputs)
             tokens += n_tok
             for k in self.layer_ids:
-                h = student[k].float()  # (2B, T, H)
-                h_sel, (r_sel, r_pooled) = h[select], reference[k]  # (n_tok, H): the response tokens
+                r_sel, r_pooled = reference[k]  # (n_tok, H): the response tokens; (2B, H)
+                if same:
+                    h_sel, h_pooled = r_sel, r_pooled
+                else:
+                    h = student[k].float()  # (2B, T, H)
+                    h_sel, h_pooled = h[select], pooled_response(h, mask).cpu()
                 sq[k] += float(selected_mse(h_sel, r_sel)) * n_tok  # token-weighted: the split-wide masked_mse
                 cos[k] += float(F.cosine_similarity(h_sel, r_sel, dim=-1, eps=1e-12).sum())  # masked_cosine × n_tok
-                pooled[k][0].append(pooled_response(h, mask).cpu())  # (2B, H)
+                pooled[k][0].append(h_pooled)
                 pooled[k][1].append(r_pooled)
         out: dict[str, dict[str, float]] = {m: {} for m in METRICS}
         for k in self.layer_ids:
@@ -229,12 +248,28 @@ class DriftDiagnosticsCallback(Callback):
         cached = self._reference_states.get((name, b))
         if cached is not None:
             return {k: (sel.to(mask.device), pooled) for k, (sel, pooled) in cached.items()}
-        hidden = self.reference(**inputs, output_hidden_states=True).hidden_states
+        hidden = (self._hidden_states(self.reference.model, inputs) if self._prefix is not None
+                  else self.reference(**inputs, output_hidden_states=True).hidden_states)
         select = mask.bool()
         states = {k: (hidden[k].float()[select], pooled_response(hidden[k].float(), mask).cpu()) for k in self.layer_ids}
         if self.cache_reference:
             self._reference_states[(name, b)] = {k: (sel.cpu(), pooled) for k, (sel, pooled) in states.items()}
         return states
+
+    def _usable_prefix(self, pl_module: LightningModule) -> Any:
+        """The module's frozen-prefix store (lightning_modules/fast/frozen_prefix.py) when the probes can use it: it
+        caches, every measured layer is at or above its k, and the reference is a copy with the same prefix. Then
+        student and reference run layers k+1..L only over the stored hidden state k. None otherwise."""
+        fp = getattr(pl_module, "frozen_prefix", None)
+        model = getattr(self.reference, "model", None)
+        ok = (fp is not None and fp.cache and min(self.layer_ids) >= fp.k and model is not None
+              and fp.shares_prefix_with(model))
+        return fp if ok else None
+
+    def _hidden_states(self, model: nn.Module, inputs: dict) -> tuple:
+        if self._prefix is not None:
+            return self._prefix.hidden_states(model, inputs["input_ids"], inputs["attention_mask"])
+        return model(**inputs, output_hidden_states=True).hidden_states
 
     # ---- results -------------------------------------------------------------------------------------------
     def summary(self) -> dict:

@@ -20,6 +20,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
+from lightning_modules.fast.shared_store import Store, sequence_keys, shared_store, weights_fingerprint
+
 ReferenceMode = Literal["auto", "copy", "disable_adapter"]
 
 
@@ -72,21 +74,30 @@ class ReferenceModelCallback(Callback):
         mode: "auto" uses the LoRA base with adapters disabled when the target is a peft model (no second copy of
             the weights) and a full frozen deep copy otherwise; "copy" always deep-copies; "disable_adapter"
             requires a peft target.
-        cache_outputs: memoise `selected_hidden_states` per sequence key for the whole fit: the reference is
-            frozen and a training sequence is the same every epoch, so from the second epoch on ANCHOR needs no
-            reference forward. Costs host memory: anchored layers × selected tokens × hidden size × 4 bytes per
-            training sequence (synthetic benchmark, MiniLM: ≈ 40 kB per sequence; a 7B model: ≈ 5 MB) -- leave
-            it off for large models or datasets.
+        cache_outputs: memoise `selected_hidden_states` per sequence: the reference is frozen and a training
+            sequence is the same every epoch, so from the second epoch on ANCHOR needs no reference forward. A
+            copied reference keys rows by their content (tokens, anchored positions and layers) in a store shared by
+            every fit of the process whose reference has the same weights (lightning_modules/fast/shared_store.py):
+            the ANCHOR stages of a W2S protocol's seed (a λ sweep) evaluate it once. A LoRA reference (adapters
+            disabled) keeps a per-fit cache by pair index. Costs host memory: anchored layers × selected tokens ×
+            hidden size × 4 bytes per training sequence (synthetic benchmark, MiniLM: ≈ 40 kB per sequence; a 7B
+            model: ≈ 5 MB) -- leave it off for large models or datasets.
+        cache_max_mb: the shared store's budget in MiB; past it new sequences are recomputed (one warning).
     """
 
-    def __init__(self, mode: ReferenceMode = "auto", cache_outputs: bool = False):
+    def __init__(self, mode: ReferenceMode = "auto", cache_outputs: bool = False, cache_max_mb: float = 4096.0):
         super().__init__()
         if mode not in ("auto", "copy", "disable_adapter"):
             raise ValueError(f"--reference.mode must be auto, copy or disable_adapter, got {mode!r}")
+        if cache_max_mb < 0:
+            raise ValueError(f"--reference.cache_max_mb must be >= 0, got {cache_max_mb}")
         self.mode = mode
         self.cache_outputs = bool(cache_outputs)
+        self.cache_max_bytes = int(cache_max_mb * 2 ** 20)
         self.reference: Optional[FrozenReference] = None
-        self._cache: dict[Hashable, tuple[torch.Tensor, ...]] = {}
+        self._cache: dict[Hashable, tuple[torch.Tensor, ...]] = {}  # per fit, by row key (a LoRA reference)
+        self._store: Optional[Store] = None  # shared, by content (a copied reference)
+        self.reference_rows = 0  # rows the reference ran for (not read back): what the caches save
 
     @property
     def enabled(self) -> bool:
@@ -99,6 +110,10 @@ class ReferenceModelCallback(Callback):
             return  # coefficient 0: no copy at all
         self.reference = FrozenReference(pl_module.reference_target(), self.mode)
         pl_module.frozen_reference = self  # a plain attribute: a Callback is no nn.Module, so never a submodule
+        model = self.reference.model
+        if self.cache_outputs and model is not None:
+            fingerprint = weights_fingerprint([model], getattr(model, "config", None), type(model).__name__)
+            self._store = shared_store("reference", fingerprint, self.cache_max_bytes, "--reference.cache_max_mb")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.reference is not None:
@@ -106,7 +121,7 @@ class ReferenceModelCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.reference, self._cache = None, {}
+            self.reference, self._cache, self._store = None, {}, None
             if getattr(pl_module, "frozen_reference", None) is self:
                 pl_module.frozen_reference = None
 
@@ -122,26 +137,37 @@ class ReferenceModelCallback(Callback):
         """The reference's hidden states `layer_ids` (0 = embeddings) at the positions where `select` (N, T) is
         set, rows in order: one (n_selected, H) tensor per layer, the rows of `hidden_states[l][select]`.
 
-        With `cache_outputs` and `keys` (one per row, the same for the same sequence in every epoch), only rows
-        never seen run through the reference; the others are read back from the cache. `prefix` = (family, k,
+        With `cache_outputs`, only rows never seen run through the reference; the others are read back: for a copied
+        reference from the shared store (keyed by content), else from the fit's cache by `keys` (one per row, the
+        same for the same sequence in every epoch). `prefix` = (family, k,
         h_k (N, T, H)) is the student's hidden state k from a frozen prefix the reference shares
         (lightning_modules/fast/frozen_prefix.py): the reference then runs layers k+1..L only.
         """
         select = select.bool()
-        if not (self.cache_outputs and keys is not None):
+        if self._store is not None:  # content keys: the same sequence, positions and layers in any fit
+            suffix = repr(list(layer_ids)).encode()
+            keys = [k + suffix for k in sequence_keys(input_ids, attention_mask, select)]
+            lookup, remember = self._store.get, self._store.put
+        elif self.cache_outputs and keys is not None:
+            if len(keys) != len(input_ids):
+                raise ValueError(f"{len(keys)} cache keys for {len(input_ids)} rows")
+            lookup, remember = self._cache.get, self._cache.__setitem__
+        else:
+            self.reference_rows += len(input_ids)
             return self._selected(input_ids, attention_mask, select, layer_ids, prefix)
-        if len(keys) != len(input_ids):
-            raise ValueError(f"{len(keys)} cache keys for {len(input_ids)} rows")
-        missing = [r for r, k in enumerate(keys) if k not in self._cache]
+        found = [lookup(k) for k in keys]
+        missing = [r for r, vals in enumerate(found) if vals is None]
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
             sub_prefix = None if prefix is None else (*prefix[:2], prefix[2][rows])
             states = self._selected(input_ids[rows], attention_mask[rows], select[rows], layer_ids, sub_prefix)
+            self.reference_rows += len(missing)
             counts = select[rows].sum(dim=1).tolist()
             per_layer = [s.cpu().split(counts) for s in states]  # host memory: the cache can outgrow an accelerator's
             for j, r in enumerate(missing):
-                self._cache[keys[r]] = tuple(rows_l[j] for rows_l in per_layer)
-        per_row = [self._cache[k] for k in keys]
+                found[r] = tuple(rows_l[j] for rows_l in per_layer)
+                remember(keys[r], found[r])
+        per_row = found
         counts = select.sum(dim=1).tolist()
         for k, vals, n in zip(keys, per_row, counts):
             if vals[0].shape[0] != n:

@@ -510,16 +510,30 @@ def run_protocol(p: W2SProtocol, force: bool = False) -> dict:
         if rank0:
             atomic_write_json(asdict(p), os.path.join(p.out_dir, "protocol.json"))
         done: dict[str, dict[int, dict]] = {}
-        for stage in stages:
+        for i, stage in enumerate(stages):
+            if i and stage.seed != stages[i - 1].seed:  # a seed's data: its prefix hidden states are not reused
+                _release_stores(stages[i - 1].seed)
             done.setdefault(stage.name, {})[stage.seed] = result = run_or_reuse(stage, done, force)
             if stage.name == "ceiling" and rank0:  # the methods' --model.ceiling_results
                 atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"},
                                   ceiling_results_path(stage))
+        _release_stores(stages[-1].seed)
         results = summarize(p, done)
         if rank0:
             write_reports(p.out_dir, results)
             write_hparams(p.out_dir, stages, done, results["id_source"])  # TensorBoard's HPARAMS tab
     return results
+
+
+def _release_stores(seed: int) -> None:
+    """Free the shared stores of a seed's stages (--model.cache_frozen_prefix, --reference.cache_outputs), saying
+    how much they held."""
+    from lightning_modules.fast.shared_store import release_shared_stores, shared_store_summary
+
+    summary = shared_store_summary()
+    if summary and is_global_zero():
+        print(f"[stores] seed {seed}: freed {summary}")
+    release_shared_stores()
 
 
 def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, bool]:

@@ -45,3 +45,13 @@ def word_tokenizer_dir(tmp_path_factory) -> str:
 @pytest.fixture()
 def cache_dir(tmp_path) -> str:
     return str(tmp_path / "cache")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_prefix_stores():
+    """The shared stores are process-wide (lightning_modules/fast/shared_store.py): no test sees another's."""
+    from lightning_modules.fast.shared_store import release_shared_stores
+
+    release_shared_stores()
+    yield
+    release_shared_stores()

@@ -162,11 +162,21 @@ def test_the_reference_runs_once_per_probe_batch_with_the_cache(word_tokenizer_d
         calls.append((name, b, (name, b) in self._reference_states))
         return original(self, name, b, inputs, mask)
 
+    student_passes = []
+    original_states = DriftDiagnosticsCallback._hidden_states
+
+    def counting_student(self, model, inputs):
+        student_passes.append(1)
+        return original_states(self, model, inputs)
+
     monkeypatch.setattr(DriftDiagnosticsCallback, "_reference_batch", counting)
+    monkeypatch.setattr(DriftDiagnosticsCallback, "_hidden_states", counting_student)
     _fit(word_tokenizer_dir, shared_cache, str(tmp_path), [cb, ReferenceModelCallback()])
     first = [(name, b) for name, b, was_cached in calls if not was_cached]  # the reference ran for these
     assert len(first) == len(set(first)) == 2 * len(SPLITS)  # 8 probe pairs in batches of 4, per split
     assert len(calls) == 3 * len(first)  # measured at steps 0, 2 and 4
+    # at step 0 the student still has the reference's weights: its states are the reference's, no forward
+    assert len(student_passes) == 2 * len(first)
 
 
 def test_the_probe_set_is_the_first_pairs_in_record_order(word_tokenizer_dir, shared_cache, tmp_path):

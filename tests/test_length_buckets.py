@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from datamodules.preference.columns import RaggedColumn, fast_column
-from lightning_modules.fast.length_buckets import bucketed_scores, is_right_padded, plan_buckets, processed_positions
+from lightning_modules.fast.length_buckets import (bucketed_positions, bucketed_scores, is_right_padded, plan_buckets,
+                                                   processed_positions)
 from tests.helpers import tiny_data, tiny_model
 
 
@@ -69,6 +70,28 @@ def test_bucketed_training_gives_the_same_gradients(word_tokenizer_dir):
     scale = float(grads[0].abs().max())
     assert scale > 1e-3, scale
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7 * scale)
+
+
+def test_bucketed_positions_equal_one_call_at_real_positions_with_zeros_elsewhere():
+    torch.manual_seed(0)
+    lengths = [9, 2, 7, 3, 9, 5]
+    mask = (torch.arange(9).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()  # (6, 9), right-padded
+    h = torch.randn(6, 9, 4, requires_grad=True)
+    w = torch.randn(4, 4)
+
+    def fn(x, m):  # per-position outputs that depend on the row's real positions only, like a masked layer
+        pooled = (x * m.unsqueeze(-1)).sum(1, keepdim=True) / m.sum(1).view(-1, 1, 1)  # (n, 1, 4)
+        return (x @ w + pooled, None, m.float())
+
+    plain = fn(h, mask)
+    calls = []
+    out = bucketed_positions(lambda x, m: calls.append(x.shape) or fn(x, m), h, mask, max_buckets=3, forward_cost=0)
+    assert len(calls) == 3 and sorted(c[1] for c in calls) == [3, 7, 9]  # each bucket trimmed to its longest row
+    real = mask.bool()
+    torch.testing.assert_close(out[0][real], plain[0][real])
+    assert out[1] is None and torch.equal(out[2], mask.float())
+    grad = torch.autograd.grad(out[0][real].sum(), h)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(plain[0][real].sum(), h)[0])
 
 
 def test_length_buckets_flag_is_validated(word_tokenizer_dir):

@@ -3,21 +3,27 @@
 With `--model.freeze_layers k` the student and the frozen ANCHOR reference are the same function below layer k+1
 (the reference is a copy taken before training, and frozen weights never change), and for a fixed sequence that
 function's output, hidden state k, is the same in every epoch. So a training step computes hidden state k once,
-hands it to the student's upper layers (with gradients) and to the reference's (under no_grad); with the cache it
-is computed once per training sequence for the whole fit. Padding positions never reach a real position (the
-attention mask hides them as keys), so the cache keeps real positions only and re-pads with zeros per batch.
+hands it to the student's upper layers (with gradients) and to the reference's (under no_grad). With the cache it
+is computed once per *sequence* for the whole process: rows are keyed by their content, and every module whose
+prefix has the same fingerprint (weights, config, k) shares one store, so the W2S protocol's students (all above the
+same pretrained layers), their validation, test and drift probes compute each sequence's prefix once
+(`shared_store.py`). Padding
+positions never reach a real position (the attention mask hides them as keys), so the store keeps real positions
+only and re-pads with zeros per batch.
 
 Supported: BERT-style encoders (MiniLM) and plain Qwen2 / Llama decoders (rotary embeddings, causal mask); other
-backbones, LoRA, gradient checkpointing and a prefix that still has trainable parameters are refused by
-`check_supported` (a prefix that still trains, e.g. a backbone whose freezing a caller undid, changes every step).
+backbones, LoRA, gradient checkpointing, and a prefix that still has trainable parameters or applies dropout are
+refused by `check_supported` (such a prefix's output changes every step).
 """
 from __future__ import annotations
 
-import warnings
-from typing import Hashable, Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import nn
+
+from lightning_modules.fast.length_buckets import bucketed_positions
+from lightning_modules.fast.shared_store import Store, sequence_keys, shared_store, weights_fingerprint
 
 FLAGS = "--model.share_frozen_prefix / --model.cache_frozen_prefix"
 
@@ -52,6 +58,14 @@ def check_supported(backbone: nn.Module, freeze_layers: int) -> str:
         raise ValueError(f"{FLAGS}: the prefix below layer {freeze_layers + 1} still has trainable parameters "
                          f"({', '.join(trainable[:4])}{', ...' if len(trainable) > 4 else ''}), so its output is "
                          "not fixed; turn the flag off")
+    cfg = backbone.config
+    dropout = [n for n in ("attention_probs_dropout_prob", "attention_dropout") if getattr(cfg, n, 0.0)]
+    dropout += [name for module in prefix for name, m in module.named_modules()
+                if isinstance(m, nn.Dropout) and m.p > 0]
+    if dropout:
+        # a training-mode dropout makes the prefix's output random: one evaluation cannot stand for every step
+        raise ValueError(f"{FLAGS}: the prefix applies dropout ({', '.join(dropout[:4])}); keep "
+                         "--model.disable_dropout true or turn the flag off")
     return family
 
 
@@ -92,9 +106,14 @@ def prefix_hidden(backbone: nn.Module, family: str, k: int, input_ids: torch.Ten
 
 
 def upper_hidden_states(backbone: nn.Module, family: str, k: int, h_k: torch.Tensor,
-                        attention_mask: torch.Tensor) -> tuple:
+                        attention_mask: torch.Tensor, buckets: int = 1) -> tuple:
     """The backbone's `hidden_states` tuple from hidden state k: indices 0..L, with None below k (frozen states,
-    which ANCHOR never reads: `anchor_layer_ids` refuses them). The last entry is `last_hidden_state`."""
+    which ANCHOR never reads: `anchor_layer_ids` refuses them). The last entry is `last_hidden_state`.
+    `buckets` > 1 runs a right-padded batch as up to that many length buckets (`bucketed_positions`): padding
+    positions then hold other values, which neither the pooled head nor the anchor (response tokens) reads."""
+    if buckets > 1:
+        return bucketed_positions(lambda h, m: upper_hidden_states(backbone, family, k, h, m), h_k, attention_mask,
+                                  buckets)
     ctx = _context(backbone, family, h_k, attention_mask)
     states: list = [None] * k + [h_k]
     x = h_k
@@ -106,62 +125,89 @@ def upper_hidden_states(backbone: nn.Module, family: str, k: int, h_k: torch.Ten
     return tuple(states)
 
 
+def prefix_fingerprint(backbone: nn.Module, family: str, k: int, tag: str = "") -> str:
+    """A digest of what hidden state k is a function of: the prefix's parameters and buffers, its config, k and
+    `tag` (what the owner changes outside the weights, e.g. a vocabulary limit applied by a hook)."""
+    return weights_fingerprint([_embeddings(backbone, family), *_layers(backbone, family)[:k]], backbone.config,
+                               f"{family}|{k}|{tag}")
+
+
 class FrozenPrefix:
     """Hidden state k of a backbone whose embeddings and layers 1..k are frozen, optionally memoised per sequence.
+
+    With `cache`, rows are keyed by their content (`shared_store.sequence_keys`) in a process-wide store shared by
+    every module with the same prefix fingerprint: training (from the second epoch no prefix forward), validation,
+    test and the drift probes all read it. The fingerprint is taken at the first call and again after `invalidate`
+    (the module calls it whenever its weights may have been loaded).
 
     Args:
         backbone: the student's backbone (its frozen prefix is shared with the reference).
         k: `--model.freeze_layers`.
-        cache: memoise hidden state k per training-sequence key for the whole fit (host memory, real positions).
-        max_mb: the cache's budget in MiB; past it, new sequences are computed every time (one warning).
+        cache: memoise hidden state k per sequence (host memory, real positions).
+        max_mb: the store's budget in MiB; past it, new sequences are computed every time (one warning).
+        tag: what else the prefix's function depends on besides its weights and config (e.g. a vocabulary limit).
+        buckets: run the prefix over at most this many length buckets of a right-padded batch
+            (`--model.length_buckets`).
     """
 
-    def __init__(self, backbone: nn.Module, k: int, cache: bool = False, max_mb: float = 2048.0):
+    def __init__(self, backbone: nn.Module, k: int, cache: bool = False, max_mb: float = 2048.0, tag: str = "",
+                 buckets: int = 1):
         if max_mb < 0:
             raise ValueError(f"--model.prefix_cache_max_mb must be >= 0, got {max_mb}")
         self.family = check_supported(backbone, k)
-        self.backbone, self.k, self.cache, self.max_bytes = backbone, k, cache, int(max_mb * 2 ** 20)
-        self.clear()
+        self.backbone, self.k, self.cache, self.max_bytes, self.tag = backbone, k, cache, int(max_mb * 2 ** 20), tag
+        self.buckets = buckets
+        self.fingerprint: Optional[str] = None
+        self.prefix_forwards = 0  # rows whose prefix was computed (not read back): what the store saves
 
-    def clear(self) -> None:
-        self._store: dict[Hashable, torch.Tensor] = {}
-        self.bytes, self.full = 0, False
+    def invalidate(self) -> None:
+        """The weights may have changed (a checkpoint was loaded): fingerprint the prefix again at the next call."""
+        self.fingerprint = None
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 keys: Optional[Sequence[Hashable]] = None) -> torch.Tensor:
-        """Hidden state k for the batch, (N, T, H); rows with a cached key are read back, the others computed."""
-        if not (self.cache and keys is not None):
-            return prefix_hidden(self.backbone, self.family, self.k, input_ids, attention_mask)
-        real = attention_mask.bool()  # (N, T)
-        missing = [r for r, key in enumerate(keys) if key not in self._store]
+    def current_fingerprint(self) -> str:
+        if self.fingerprint is None:
+            self.fingerprint = prefix_fingerprint(self.backbone, self.family, self.k, self.tag)
+        return self.fingerprint
+
+    @property
+    def store(self) -> Store:
+        return shared_store("frozen prefix", self.current_fingerprint(), self.max_bytes, "--model.prefix_cache_max_mb")
+
+    def shares_prefix_with(self, model: nn.Module) -> bool:
+        """Whether `model` (e.g. a frozen reference copy) has this prefix: same family, weights, config and tag."""
+        return (backbone_family(model) == self.family
+                and prefix_fingerprint(model, self.family, self.k, self.tag) == self.current_fingerprint())
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Hidden state k for the batch, (N, T, H); rows already in the store are read back, the others computed."""
+        if not self.cache:
+            self.prefix_forwards += len(input_ids)
+            return self._compute(input_ids, attention_mask)
+        store, keys, real = self.store, sequence_keys(input_ids, attention_mask), attention_mask.bool()  # real (N, T)
+        missing = [r for r, key in enumerate(keys) if key not in store.rows]
         computed = {}
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
-            h = prefix_hidden(self.backbone, self.family, self.k, input_ids[rows], attention_mask[rows])
+            h = self._compute(input_ids[rows], attention_mask[rows])
+            self.prefix_forwards += len(missing)
             for j, r in enumerate(missing):
                 computed[r] = h[j][real[r]]  # (n_real, H)
-                self._remember(keys[r], computed[r])
-        per_row = [computed[r] if r in computed else self._store[key].to(input_ids.device) for r, key in enumerate(keys)]
-        for key, vals, n in zip(keys, per_row, real.sum(dim=1).tolist()):
-            if vals.shape[0] != n:
-                raise ValueError(f"{FLAGS}: sequence {key!r} had {vals.shape[0]} real positions, now {n} "
-                                 "(keys must identify one sequence)")
+                store.put(keys[r], computed[r].cpu())  # host memory: the store can outgrow an accelerator's
+        per_row = [computed[r] if r in computed else store.rows[key].to(input_ids.device) for r, key in enumerate(keys)]
         out = per_row[0].new_zeros(*real.shape, per_row[0].shape[-1])  # (N, T, H)
         out[real] = torch.cat(per_row)  # row-major order of `real` = row by row
         return out
 
-    def _remember(self, key: Hashable, vals: torch.Tensor) -> None:
-        size = vals.numel() * vals.element_size()
-        if self.full:
-            return
-        if self.bytes + size > self.max_bytes:  # the first sequence past the budget closes the cache for the fit
-            self.full = True
-            warnings.warn(f"--model.prefix_cache_max_mb: the frozen-prefix cache reached its budget "
-                          f"({self.bytes / 2 ** 20:.1f} MiB, {len(self._store)} sequences); further sequences "
-                          "are recomputed every step", stacklevel=3)
-            return
-        self._store[key] = vals.cpu()  # host memory: the cache can outgrow an accelerator's
-        self.bytes += size
+    def _compute(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        fn = lambda ids, m: (prefix_hidden(self.backbone, self.family, self.k, ids, m),)  # noqa: E731
+        return bucketed_positions(fn, input_ids, attention_mask, self.buckets)[0]  # (N, T, H)
 
-    def __len__(self) -> int:
-        return len(self._store)
+    def hidden_states(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+        """`model`'s hidden_states tuple (None below k) from this prefix: the student's backbone, or a copy that
+        `shares_prefix_with` it."""
+        return upper_hidden_states(model, self.family, self.k, self(input_ids, attention_mask), attention_mask,
+                                   self.buckets)
+
+    @property
+    def stored_rows(self) -> int:  # not __len__: an empty store would make the object falsy
+        return len(self.store.rows)

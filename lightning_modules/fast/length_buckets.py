@@ -84,6 +84,38 @@ def bucketed_scores(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     return torch.cat(parts)[inverse]  # (N,)
 
 
+def bucketed_positions(fn: Callable[[torch.Tensor, torch.Tensor], tuple], inputs: torch.Tensor,
+                       attention_mask: torch.Tensor, max_buckets: int, forward_cost: float = 64.0) -> tuple:
+    """`fn(inputs, mask) -> tuple of per-position tensors (n, T, ...)` (None entries pass through) over length
+    buckets of a right-padded batch: each bucket trimmed to its longest row, outputs re-padded with zeros to T and
+    rows back in order. `inputs` is (N, T) token ids or (N, T, H) hidden states. The outputs at real positions are
+    one padded call's (to float rounding); padding positions hold other values (zeros past a bucket's width), which
+    no caller may read."""
+    if max_buckets <= 1 or not is_right_padded(attention_mask):
+        return fn(inputs, attention_mask)
+    lengths = attention_mask.sum(1).tolist()
+    groups = plan_buckets(lengths, max_buckets, forward_cost)
+    T = attention_mask.shape[1]
+    if len(groups) == 1 and max(lengths) == T:
+        return fn(inputs, attention_mask)
+    parts, rows = [], []
+    for group in groups:
+        width = lengths[group[0]]
+        idx = torch.as_tensor(group, device=inputs.device)
+        parts.append([(None if t is None else _pad_positions(t, T))
+                      for t in fn(inputs[idx, :width], attention_mask[idx, :width])])  # (n_g, T, ...) each
+        rows.append(idx)
+    inverse = torch.empty_like(torch.cat(rows))
+    inverse[torch.cat(rows)] = torch.arange(len(inverse), device=inverse.device)
+    return tuple(None if ts[0] is None else torch.cat(ts)[inverse] for ts in zip(*parts))  # (N, T, ...) each
+
+
+def _pad_positions(t: torch.Tensor, length: int) -> torch.Tensor:
+    """(n, T_g, ...) -> (n, length, ...), zeros after T_g."""
+    pad = [0, 0] * (t.dim() - 2) + [0, length - t.shape[1]]
+    return torch.nn.functional.pad(t, pad)
+
+
 def processed_positions(lengths: list[int], max_buckets: int, forward_cost: float = 64.0) -> int:
     """Token positions the bucketed forwards process (for padding statistics)."""
     if max_buckets <= 1:

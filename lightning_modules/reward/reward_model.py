@@ -74,10 +74,13 @@ class RewardModelModule(LightningModule):
         share_frozen_prefix: with `freeze_layers` k, a training step runs the embeddings and layers 1..k once
             and hands hidden state k to the student's upper layers and to the ANCHOR reference's (same losses
             and gradients to float rounding). BERT-style encoders and Qwen2/Llama only; not with LoRA or
-            gradient checkpointing. The training step then ignores `length_buckets` / `last_token_scoring`.
-        cache_frozen_prefix: also memoise hidden state k per training sequence for the whole fit (host memory,
-            real positions only): from the second epoch on no prefix forward at all. Implies the sharing.
-        prefix_cache_max_mb: the cache's budget in MiB; past it new sequences are recomputed (one warning).
+            gradient checkpointing. The training step then ignores `last_token_scoring`; `length_buckets` applies
+            to the prefix and to the upper layers (padding positions then hold other values, which nothing reads).
+        cache_frozen_prefix: also memoise hidden state k per sequence (host memory, real positions only), keyed
+            by its tokens, in a store shared by every module of the process with the same frozen prefix: from the
+            second epoch on no prefix forward at all, and validation, test and the drift probes run layers
+            k+1..L only (the W2S protocol's students share one store per seed). Implies the sharing.
+        prefix_cache_max_mb: the store's budget in MiB; past it new sequences are recomputed (one warning).
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -158,7 +161,11 @@ class RewardModelModule(LightningModule):
             if lora is not None:
                 raise ValueError("--model.share_frozen_prefix / --model.cache_frozen_prefix do not support "
                                  "--model.lora (adapters make the lower layers trainable); turn them off")
-            self.frozen_prefix = FrozenPrefix(self.backbone, freeze_layers, cache_frozen_prefix, prefix_cache_max_mb)
+            self.frozen_prefix = FrozenPrefix(self.backbone, freeze_layers, cache_frozen_prefix, prefix_cache_max_mb,
+                                              tag=f"vocab_limit={vocab_limit}",  # a hook, not a weight
+                                              buckets=length_buckets)
+            # loading weights (a checkpoint restore, load_from_checkpoint) may change the prefix: fingerprint again
+            self.register_load_state_dict_post_hook(_invalidate_frozen_prefix)
         self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
         anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
         if center_rewards_coef == 0 and not anchors_last and not classifier:
@@ -182,6 +189,10 @@ class RewardModelModule(LightningModule):
     # ---- scoring -----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
         """Rewards (N,) and, when asked, the tuple of hidden states (embeddings, layer 1, ..., layer L)."""
+        if not output_hidden_states and self.frozen_prefix is not None and self.frozen_prefix.cache:
+            # layers k+1..L over the stored prefix (in length buckets of their own)
+            hidden = self.frozen_prefix.hidden_states(self.backbone, input_ids, attention_mask)
+            return self.head(hidden[-1], attention_mask), None  # (N,)
         if not output_hidden_states:  # one forward when length_buckets is 1
             return bucketed_scores(self._rewards, input_ids, attention_mask, self.length_buckets), None
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
@@ -231,8 +242,8 @@ class RewardModelModule(LightningModule):
     def _forward_from_prefix(self, batch: dict) -> tuple:
         """Rewards (N,), hidden states (None below k) and the prefix (family, k, h_k) the reference reuses."""
         fp, mask = self.frozen_prefix, batch["attention_mask"]
-        h_k = fp(batch["input_ids"], mask, _row_keys(batch))  # (N, T, H), no grad: frozen
-        hidden = upper_hidden_states(self.backbone, fp.family, fp.k, h_k, mask)
+        h_k = fp(batch["input_ids"], mask)  # (N, T, H), no grad: frozen
+        hidden = upper_hidden_states(self.backbone, fp.family, fp.k, h_k, mask, self.length_buckets)
         return self.head(hidden[-1], mask), hidden, (fp.family, fp.k, h_k)
 
     def on_fit_start(self) -> None:
@@ -240,7 +251,11 @@ class RewardModelModule(LightningModule):
             raise ValueError(f"--model.backbone {self.hparams.backbone!r} is an outside reward model scored whole: "
                              "it evaluates (test, validate, a W2S teacher) but does not train here")
         if self.frozen_prefix is not None:
-            self.frozen_prefix.clear()  # the weights may have been loaded since the last fit
+            self.frozen_prefix.invalidate()  # the weights may have been changed since the last call
+
+    def on_test_start(self) -> None:
+        if self.frozen_prefix is not None:
+            self.frozen_prefix.invalidate()
 
     def anchor_loss(self, batch: dict, hidden: tuple, prefix: Optional[tuple] = None) -> torch.Tensor:
         """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b.
@@ -358,6 +373,10 @@ def _embedding_modules(backbone: nn.Module) -> list[nn.Module]:
         return [backbone.embeddings]
     extra = [getattr(backbone, "wpe", None)]  # GPT-2's learned positions; rotary backbones have no table
     return [backbone.get_input_embeddings(), *[m for m in extra if isinstance(m, nn.Module)]]
+
+
+def _invalidate_frozen_prefix(module: "RewardModelModule", incompatible_keys: Any) -> None:
+    module.frozen_prefix.invalidate()
 
 
 def _row_keys(batch: dict) -> list:
