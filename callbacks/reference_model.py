@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
+from lightning_modules.fast.length_buckets import bucketed_positions
 from lightning_modules.fast.shared_store import Store, sequence_keys, shared_store, weights_fingerprint
 
 ReferenceMode = Literal["auto", "copy", "disable_adapter"]
@@ -133,7 +134,7 @@ class ReferenceModelCallback(Callback):
     @torch.no_grad()
     def selected_hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
                                layer_ids: Sequence[int], keys: Optional[Sequence[Hashable]] = None,
-                               prefix: Optional[tuple] = None) -> list[torch.Tensor]:
+                               prefix: Optional[tuple] = None, buckets: int = 1) -> list[torch.Tensor]:
         """The reference's hidden states `layer_ids` (0 = embeddings) at the positions where `select` (N, T) is
         set, rows in order: one (n_selected, H) tensor per layer, the rows of `hidden_states[l][select]`.
 
@@ -141,7 +142,8 @@ class ReferenceModelCallback(Callback):
         reference from the shared store (keyed by content), else from the fit's cache by `keys` (one per row, the
         same for the same sequence in every epoch). `prefix` = (family, k,
         h_k (N, T, H)) is the student's hidden state k from a frozen prefix the reference shares
-        (lightning_modules/fast/frozen_prefix.py): the reference then runs layers k+1..L only.
+        (lightning_modules/fast/frozen_prefix.py): the reference then runs layers k+1..L only. `buckets` > 1 runs a
+        right-padded batch as up to that many length buckets (same rows to float rounding).
         """
         select = select.bool()
         if self._store is not None:  # content keys: the same sequence, positions and layers in any fit
@@ -154,13 +156,13 @@ class ReferenceModelCallback(Callback):
             lookup, remember = self._cache.get, self._cache.__setitem__
         else:
             self.reference_rows += len(input_ids)
-            return self._selected(input_ids, attention_mask, select, layer_ids, prefix)
+            return self._selected(input_ids, attention_mask, select, layer_ids, prefix, buckets)
         found = [lookup(k) for k in keys]
         missing = [r for r, vals in enumerate(found) if vals is None]
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
             sub_prefix = None if prefix is None else (*prefix[:2], prefix[2][rows])
-            states = self._selected(input_ids[rows], attention_mask[rows], select[rows], layer_ids, sub_prefix)
+            states = self._selected(input_ids[rows], attention_mask[rows], select[rows], layer_ids, sub_prefix, buckets)
             self.reference_rows += len(missing)
             counts = select[rows].sum(dim=1).tolist()
             per_layer = [s.cpu().split(counts) for s in states]  # host memory: the cache can outgrow an accelerator's
@@ -176,19 +178,24 @@ class ReferenceModelCallback(Callback):
         return [torch.cat([vals[i] for vals in per_row]).to(input_ids.device) for i in range(len(layer_ids))]
 
     def _selected(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
-                  layer_ids: Sequence[int], prefix: Optional[tuple]) -> list[torch.Tensor]:
+                  layer_ids: Sequence[int], prefix: Optional[tuple], buckets: int = 1) -> list[torch.Tensor]:
         """`hidden_states[l][select]` per anchored layer; a copied BERT / Qwen2 / Llama reference computes its top
-        anchored layer at the selected positions only and skips the layers above it (fast/selected_positions.py)."""
+        anchored layer at the selected positions only and skips the layers above it (fast/selected_positions.py),
+        over up to `buckets` length buckets of a right-padded batch (`--model.length_buckets`)."""
         from lightning_modules.fast.selected_positions import selected_hidden_states, selected_positions_family
 
         model = None if self.reference is None else self.reference.model
         family = None if model is None else selected_positions_family(model)
-        if family is not None:
-            if prefix is None:
-                return selected_hidden_states(model, family, input_ids, attention_mask, select, layer_ids)
-            family_k, k, h_k = prefix
-            if family_k == family:
-                return selected_hidden_states(model, family, input_ids, attention_mask, select, layer_ids, h_k, k)
+        if family is not None and (prefix is None or prefix[0] == family):
+            k, h_k = (0, None) if prefix is None else prefix[1:]
+
+            def at_positions(x, mask, sel, ids):  # one bucket's selected states, scattered back to (n, T_b, H)
+                states = selected_hidden_states(model, family, ids, mask, sel, layer_ids, None if h_k is None else x, k)
+                return tuple(s.new_zeros(*sel.shape, s.shape[-1]).index_put_((sel,), s) for s in states)
+
+            full = bucketed_positions(at_positions, input_ids if h_k is None else h_k, attention_mask, buckets,
+                                      extra=(select, input_ids))
+            return [f[select] for f in full]
         hidden = self._hidden_states(input_ids, attention_mask, prefix)
         return [hidden[l][select] for l in layer_ids]
 

@@ -87,6 +87,32 @@ def test_callback_gives_the_full_forwards_rows(name, cache):
     assert len(ref_cb._cache) == (4 if cache else 0)
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen2", "minilm"])
+def test_callback_in_length_buckets_gives_the_same_rows(name, monkeypatch):
+    """--model.length_buckets: the reference's pass over a right-padded batch as a few trimmed forwards."""
+    backbone = _backbone(name)
+    ref_cb = ReferenceModelCallback()
+    ref_cb.reference = FrozenReference(backbone)
+    g = torch.Generator().manual_seed(0)
+    lengths = [120, 14, 110, 9, 60, 30]
+    ids = torch.randint(1, 100, (6, 120), generator=g)
+    mask = (torch.arange(120).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()  # (6, 120), right-padded
+    select = mask.bool() & (torch.arange(120).unsqueeze(0) >= 4)  # the response: after a 4-token prompt
+    family = selected_positions_family(backbone)
+    prefix = (family, 1, prefix_hidden(backbone, family, 1, ids, mask))
+    calls = []
+    original = sp.selected_hidden_states
+    monkeypatch.setattr(sp, "selected_hidden_states", lambda *a, **kw: calls.append(a[3].shape) or original(*a, **kw))
+    for p in (None, prefix):
+        plain = ref_cb.selected_hidden_states(ids, mask, select, [2, 3], prefix=p)
+        calls.clear()
+        bucketed = ref_cb.selected_hidden_states(ids, mask, select, [2, 3], prefix=p, buckets=3)
+        assert len(calls) == 3 and max(c[1] for c in calls) == 120 and min(c[1] for c in calls) < 60  # trimmed
+        for a, b in zip(plain, bucketed, strict=True):
+            assert a.shape == b.shape == (int(select.sum()), a.shape[-1])
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 def _fit(tok, cache_dir, root, backbone, full_forward, monkeypatch):
     if full_forward:  # the reference's full forward, as before the selected-positions path
         monkeypatch.setattr(sp, "selected_positions_family", lambda model: None)

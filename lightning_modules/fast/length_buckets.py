@@ -9,7 +9,7 @@ attention term) plus a fixed cost per forward.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -84,26 +84,28 @@ def bucketed_scores(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     return torch.cat(parts)[inverse]  # (N,)
 
 
-def bucketed_positions(fn: Callable[[torch.Tensor, torch.Tensor], tuple], inputs: torch.Tensor,
-                       attention_mask: torch.Tensor, max_buckets: int, forward_cost: float = 64.0) -> tuple:
-    """`fn(inputs, mask) -> tuple of per-position tensors (n, T, ...)` (None entries pass through) over length
-    buckets of a right-padded batch: each bucket trimmed to its longest row, outputs re-padded with zeros to T and
-    rows back in order. `inputs` is (N, T) token ids or (N, T, H) hidden states. The outputs at real positions are
-    one padded call's (to float rounding); padding positions hold other values (zeros past a bucket's width), which
-    no caller may read."""
+def bucketed_positions(fn: Callable[..., tuple], inputs: torch.Tensor, attention_mask: torch.Tensor,
+                       max_buckets: int, forward_cost: float = 64.0, extra: Sequence[torch.Tensor] = ()) -> tuple:
+    """`fn(inputs, mask, *extra) -> tuple of per-position tensors (n, T, ...)` (None entries pass through) over
+    length buckets of a right-padded batch: each bucket trimmed to its longest row, outputs re-padded with zeros to T
+    and rows back in order. `inputs` is (N, T) token ids or (N, T, H) hidden states; `extra` are more (N, T, ...)
+    tensors cut the same way (e.g. the positions a caller reads). The outputs at real positions are one padded
+    call's (to float rounding); padding positions hold other values (zeros past a bucket's width), which no caller
+    may read."""
     if max_buckets <= 1 or not is_right_padded(attention_mask):
-        return fn(inputs, attention_mask)
+        return fn(inputs, attention_mask, *extra)
     lengths = attention_mask.sum(1).tolist()
     groups = plan_buckets(lengths, max_buckets, forward_cost)
     T = attention_mask.shape[1]
     if len(groups) == 1 and max(lengths) == T:
-        return fn(inputs, attention_mask)
+        return fn(inputs, attention_mask, *extra)
     parts, rows = [], []
     for group in groups:
         width = lengths[group[0]]
         idx = torch.as_tensor(group, device=inputs.device)
+        cut = [t[idx, :width] for t in extra]
         parts.append([(None if t is None else _pad_positions(t, T))
-                      for t in fn(inputs[idx, :width], attention_mask[idx, :width])])  # (n_g, T, ...) each
+                      for t in fn(inputs[idx, :width], attention_mask[idx, :width], *cut)])  # (n_g, T, ...) each
         rows.append(idx)
     inverse = torch.empty_like(torch.cat(rows))
     inverse[torch.cat(rows)] = torch.arange(len(inverse), device=inverse.device)

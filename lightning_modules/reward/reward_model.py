@@ -269,7 +269,7 @@ class RewardModelModule(LightningModule):
                                "in the trainer's callbacks (cli.py always adds it)")
         select = batch["response_mask"].bool()  # (2B, T)
         ref = reference.selected_hidden_states(batch["input_ids"], batch["attention_mask"], select,
-                                               self.anchor_layer_ids, _row_keys(batch), prefix)
+                                               self.anchor_layer_ids, _row_keys(batch), prefix, self.length_buckets)
         terms = [selected_mse(hidden[l][select], r) for l, r in zip(self.anchor_layer_ids, ref)]
         return torch.stack(terms).mean()
 
