@@ -73,6 +73,7 @@ def worker_ours(args, path: str) -> dict:
     import lightning.pytorch as pl
     import torch
 
+    from callbacks.reference_model import ReferenceModelCallback
     from lightning_modules.policy.rl import PolicyRLModule
 
     dm = trigger_dm(args, args.seed)
@@ -91,7 +92,8 @@ def worker_ours(args, path: str) -> dict:
 
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Timing()],
+                         num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[Timing(), ReferenceModelCallback()],  # β > 0: the frozen copy, as cli.py adds it
                          default_root_dir=tempfile.mkdtemp(prefix="bench_grpo_"))
     trainer.fit(model, datamodule=dm)
     return result(args, timer, lengths)
