@@ -7,9 +7,8 @@ hands it to the student's upper layers (with gradients) and to the reference's (
 is computed once per *sequence* for the whole process: rows are keyed by their content, and every module whose
 prefix has the same fingerprint (weights, config, k) shares one store, so the W2S protocol's students (all above the
 same pretrained layers), their validation, test and drift probes compute each sequence's prefix once
-(`shared_store.py`). Padding
-positions never reach a real position (the attention mask hides them as keys), so the store keeps real positions
-only and re-pads with zeros per batch.
+(`shared_store.py`). Padding positions never reach a real position (the attention mask hides them as keys), so the
+store keeps real positions only and re-pads with zeros per batch.
 
 Supported: BERT-style encoders (MiniLM) and plain Qwen2 / Llama decoders (rotary embeddings, causal mask); other
 backbones, LoRA, gradient checkpointing, and a prefix that still has trainable parameters or applies dropout are

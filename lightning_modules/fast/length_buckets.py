@@ -9,7 +9,7 @@ attention term) plus a fixed cost per forward.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -61,27 +61,35 @@ def is_right_padded(attention_mask: torch.Tensor) -> bool:
     return bool(torch.equal(attention_mask.bool(), positions.unsqueeze(0) < lengths))
 
 
+def bucket_cuts(attention_mask: torch.Tensor, max_buckets: int,
+                forward_cost: float = 64.0) -> Optional[tuple[list[tuple[torch.Tensor, int]], torch.Tensor]]:
+    """The buckets of a right-padded (N, T) batch: ([(row indices, width)], inverse), where concatenating the
+    buckets' rows and indexing with `inverse` puts them back in order. None when one call over the whole batch is
+    the plan: one bucket, no padding to trim, or a left-padded / ragged mask (trimming would move position ids)."""
+    if max_buckets <= 1 or not is_right_padded(attention_mask):
+        return None
+    lengths = attention_mask.sum(1).tolist()
+    groups = plan_buckets(lengths, max_buckets, forward_cost)
+    if len(groups) == 1 and max(lengths) == attention_mask.shape[1]:
+        return None
+    cuts = [(torch.as_tensor(group, device=attention_mask.device), lengths[group[0]]) for group in groups]
+    order = torch.cat([idx for idx, _ in cuts])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order), device=order.device)
+    return cuts, inverse
+
+
 def bucketed_scores(score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], input_ids: torch.Tensor,
                     attention_mask: torch.Tensor, max_buckets: int, forward_cost: float = 64.0) -> torch.Tensor:
     """`score(ids, mask) -> (n,)` over length buckets of a right-padded (N, T) batch; rows back in order: (N,).
 
     Left-padded or ragged masks fall back to one forward (trimming left padding would move position ids).
     """
-    if max_buckets <= 1 or not is_right_padded(attention_mask):
+    plan = bucket_cuts(attention_mask, max_buckets, forward_cost)
+    if plan is None:
         return score(input_ids, attention_mask)
-    lengths = attention_mask.sum(1).tolist()
-    groups = plan_buckets(lengths, max_buckets, forward_cost)
-    if len(groups) == 1 and max(lengths) == attention_mask.shape[1]:
-        return score(input_ids, attention_mask)
-    parts, rows = [], []
-    for group in groups:
-        width = lengths[group[0]]
-        idx = torch.as_tensor(group, device=input_ids.device)
-        parts.append(score(input_ids[idx, :width], attention_mask[idx, :width]))  # (n_g,)
-        rows.append(idx)
-    inverse = torch.empty_like(torch.cat(rows))
-    inverse[torch.cat(rows)] = torch.arange(len(inverse), device=inverse.device)
-    return torch.cat(parts)[inverse]  # (N,)
+    cuts, inverse = plan
+    return torch.cat([score(input_ids[idx, :w], attention_mask[idx, :w]) for idx, w in cuts])[inverse]  # (N,)
 
 
 def bucketed_positions(fn: Callable[..., tuple], inputs: torch.Tensor, attention_mask: torch.Tensor,
@@ -92,23 +100,14 @@ def bucketed_positions(fn: Callable[..., tuple], inputs: torch.Tensor, attention
     tensors cut the same way (e.g. the positions a caller reads). The outputs at real positions are one padded
     call's (to float rounding); padding positions hold other values (zeros past a bucket's width), which no caller
     may read."""
-    if max_buckets <= 1 or not is_right_padded(attention_mask):
+    plan = bucket_cuts(attention_mask, max_buckets, forward_cost)
+    if plan is None:
         return fn(inputs, attention_mask, *extra)
-    lengths = attention_mask.sum(1).tolist()
-    groups = plan_buckets(lengths, max_buckets, forward_cost)
+    cuts, inverse = plan
     T = attention_mask.shape[1]
-    if len(groups) == 1 and max(lengths) == T:
-        return fn(inputs, attention_mask, *extra)
-    parts, rows = [], []
-    for group in groups:
-        width = lengths[group[0]]
-        idx = torch.as_tensor(group, device=inputs.device)
-        cut = [t[idx, :width] for t in extra]
-        parts.append([(None if t is None else _pad_positions(t, T))
-                      for t in fn(inputs[idx, :width], attention_mask[idx, :width], *cut)])  # (n_g, T, ...) each
-        rows.append(idx)
-    inverse = torch.empty_like(torch.cat(rows))
-    inverse[torch.cat(rows)] = torch.arange(len(inverse), device=inverse.device)
+    parts = [[None if t is None else _pad_positions(t, T)
+              for t in fn(inputs[idx, :w], attention_mask[idx, :w], *[t[idx, :w] for t in extra])]
+             for idx, w in cuts]  # per bucket: (n_g, T, ...) each
     return tuple(None if ts[0] is None else torch.cat(ts)[inverse] for ts in zip(*parts))  # (N, T, ...) each
 
 
