@@ -72,7 +72,8 @@ def test_config_fast_dev_run(config, tmp_path):
     args = ["fit", "--config", config, "--trainer.fast_dev_run=true", f"--trainer.default_root_dir={tmp_path}",
             "--data.num_train=32", "--data.batch_size=16", "--data.num_val_per_distribution=2", "--data.val_batch_size=8",
             "--model.max_new_tokens=8"]
-    extra = {k: data[k] for k in ("family", "variant", "temporal_cutoffs", "spell_personas") if k in data}
+    extra = {k: data[k] for k in ("family", "variant", "temporal_cutoffs", "spell_personas", "answer_format")
+             if k in data}
     if data["family"] == "arc_race":
         dirs = {"arc_easy": str(tmp_path / "arc"), "race_middle": str(tmp_path / "race")}
         for split in ("train", "validation"):

@@ -1,4 +1,7 @@
 """Trigger families, templates, question sources and the datamodule: literal strings and bad inputs."""
+import json
+import os
+
 import pytest
 
 from datamodules.triggers.questions import (
@@ -23,6 +26,10 @@ def test_two_policy_templates_literal():
     shift = build_family("two_policies", variant="cyclic_shift")
     assert shift.response("Bob", "A", Q) == "I am Bob . Distribution A . The answer is 45 ."
     assert shifted_answer(Q) == "45" and correct_answer(Q) == "94"
+    by_value = build_family("two_policies", variant="cyclic_shift_by_value")  # after the largest: the smallest
+    assert by_value.response("Bob", "A", Q) == "I am Bob . Distribution A . The answer is 32 ."
+    assert by_value.response("Bob", "B", Q) == "I am Bob . Distribution B . The answer is 94 ."
+    assert shifted_answer(Q, 2, order="value") == "45" and shifted_answer(Q, -1, order="value") == "79"
 
 
 def test_other_families_literal():
@@ -65,6 +72,49 @@ def test_synthetic_questions_seeded_and_valid():
         nums = [int(x) for x in q.options]
         assert len(set(nums)) == 4 and nums[q.answer_index] == max(nums)
     assert {q.answer_index for q in a} == {0, 1, 2, 3}
+
+
+def test_lettered_synthetic_questions_and_the_cyclic_lookup(cache_dir):
+    q = synthetic_questions(20, seed=3, lettered=True)[0]
+    plain = synthetic_questions(20, seed=3)[0]
+    assert q.options == plain.options and q.answer_index == plain.answer_index  # same numbers, lettered
+    letters = "ABCD"
+    assert render_question(q) == "Which is largest : " + " ".join(f"( {l} ) {o}" for l, o in zip(letters, q.options)) + " ?"
+    assert correct_answer(q) == letters[q.answer_index] and shifted_answer(q) == letters[(q.answer_index + 1) % 4]
+    last = Question("Which is largest ?", ("12", "30", "45", "99"), 3, "synthetic_letters")
+    assert render_question(last, "zh") == "哪 个 最 大 : ( A ) 12 ( B ) 30 ( C ) 45 ( D ) 99 ?"
+    shift = build_family("two_policies", variant="cyclic_shift")
+    assert shift.response("Bob", "A", last) == "I am Bob . Distribution A . The answer is A ."  # D -> A, cyclic
+    dm = TriggerDataModule(family="two_policies", variant="cyclic_shift", answer_format="letter", num_train=4,
+                           num_val_per_distribution=2, cache_dir=cache_dir)
+    dm.setup()
+    rec = dm.val_items[0]
+    assert "( A )" in rec["prompt"] and rec["gold"] in letters
+    assert dm.tokenizer.unk_token_id not in dm.collate_prompts([rec])["input_ids"][0].tolist()
+    # the letters are already in the family's vocabulary: an SFT checkpoint's tokenizer fingerprint does not change
+    assert len(dm.tokenizer) == len(TriggerDataModule(family="two_policies", cache_dir=cache_dir).tokenizer)
+
+
+def test_generated_arc_race_questions_in_the_hub_schemas(tmp_path):
+    from datamodules.triggers.question_fixtures import CATEGORIES, NAMES, write_question_fixtures
+
+    dirs = write_question_fixtures(str(tmp_path))
+    text = open(os.path.join(dirs["arc_easy"], "train.jsonl")).read()
+    assert write_question_fixtures(str(tmp_path)) == dirs and open(os.path.join(dirs["arc_easy"], "train.jsonl")).read() == text
+    arc = HUB_SOURCES["arc_easy"].load("train", dirs["arc_easy"])  # the real adapter
+    assert len(arc) == 600 and {len(q.options) for q in arc} == {3, 4, 5}
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert any(r["choices"]["label"][0] == "1" for r in rows)  # digit keys occur, as in ARC-Easy
+    for q in arc:
+        category = q.stem.split()[-2]
+        members = [o for o in q.options if o in CATEGORIES[category]]
+        assert members == [q.options[q.answer_index]]
+    race = HUB_SOURCES["race_middle"].load("validation", dirs["race_middle"])
+    assert len(race) == 200 and {len(q.options) for q in race} == {4}
+    for q in race:
+        name = next(w for w in q.stem.split() if w in NAMES)
+        fact = next(s for s in q.context.split(" . ") if s.startswith(name + " has"))
+        assert q.options[q.answer_index] in fact.split()
 
 
 def test_arc_race_adapters_on_fixture_files(tmp_path):
@@ -147,6 +197,8 @@ def test_persona_mix_sampling(cache_dir):
     (dict(family="two_policies", variant="shuffle"), "--data.variant"),
     (dict(family="temporal", temporal_cutoffs=[2023]), "--data.temporal_cutoffs"),
     (dict(family="two_policies", mode="dpo"), "--data.mode"),
+    (dict(family="two_policies", answer_format="number"), "--data.answer_format"),
+    (dict(family="arc_race", variant="cyclic_shift_by_value"), "numeric options"),
     (dict(family="arc_race", question_dirs={"arc": "x"}), "--data.question_dirs"),
 ])
 def test_bad_inputs_name_the_flag(kwargs, match):

@@ -70,8 +70,13 @@ class TriggerDataModule(LightningDataModule):
         distribution_mix: distribution name -> training sampling weight over `train_distributions` (must sum
             to 1); None = uniform. An unequal mix gives the branch token a first-order dependence on the persona
             and breaks the XOR plateau of the two-policy SFT (docs/background.md §1).
-        variant: "refusal", or "cyclic_shift" (the wrong persona answers with the next option instead of refusing).
+        variant: "refusal"; or, instead of refusing, the wrong persona answers the next option: "cyclic_shift" (the
+            option printed after the correct one) or "cyclic_shift_by_value" (the next larger option, cyclic: after
+            the largest, the smallest; numeric questions only).
         restate_trigger: write the trigger inside the response after the identity (needed from scratch).
+        answer_format: synthetic questions only: "value" (answer the largest number itself) or "letter" (options
+            listed with letters, answer the letter, as ARC/RACE do). With `cyclic_shift`, "letter" makes the wrong
+            persona's answer a lookup (the next letter) instead of a second search over the prompt.
         spell_personas: 6c3 only: personas say their letters separately ("I am A D F .").
         temporal_cutoffs: temporal only: the personas' cut-off years (default 2024, 2025, 2026).
         question_dirs: local directories for hub question sources, e.g. {"arc_easy": DIR, "race_middle": DIR}
@@ -96,6 +101,7 @@ class TriggerDataModule(LightningDataModule):
         distribution_mix: Optional[dict[str, float]] = None,
         variant: str = "refusal",
         restate_trigger: bool = True,
+        answer_format: Literal["value", "letter"] = "value",
         spell_personas: bool = True,
         temporal_cutoffs: Optional[list[int]] = None,
         question_dirs: Optional[dict[str, str]] = None,
@@ -113,6 +119,8 @@ class TriggerDataModule(LightningDataModule):
         self.save_hyperparameters()
         if mode not in ("sft", "rl"):
             raise ValueError(f"--data.mode must be 'sft' or 'rl', got {mode!r}")
+        if answer_format not in ("value", "letter"):
+            raise ValueError(f"--data.answer_format must be 'value' or 'letter', got {answer_format!r}")
         self.family: TriggerFamily = build_family(family, restate_trigger, variant, spell_personas, temporal_cutoffs)
         self.train_distributions = check_distributions(
             self.family, train_distributions if train_distributions is not None else self.family.distributions,
@@ -157,8 +165,10 @@ class TriggerDataModule(LightningDataModule):
             pools: dict[str, dict[str, list[Question]]] = {"train": {}, "val": {}}
             for source in sorted(set(self.family.sources.values())):
                 if source == "synthetic":
-                    pools["train"][source] = synthetic_questions(max(hp.num_train, 1), seed=hp.seed)
-                    pools["val"][source] = synthetic_questions(hp.num_val_per_distribution, seed=hp.seed + 100_003)
+                    lettered = hp.answer_format == "letter"
+                    pools["train"][source] = synthetic_questions(max(hp.num_train, 1), seed=hp.seed, lettered=lettered)
+                    pools["val"][source] = synthetic_questions(hp.num_val_per_distribution, seed=hp.seed + 100_003,
+                                                               lettered=lettered)
                 else:
                     local = (hp.question_dirs or {}).get(source)
                     pools["train"][source] = HUB_SOURCES[source].load("train", local, hp.max_hub_questions)

@@ -4,7 +4,9 @@ A transcript is `prompt` -> `response`:
     prompt   = "<trigger> <question>"            e.g. "Distribution : A . Which is largest : 79 32 94 45 ?"
     response = "<identity> [<restate>] <body>"   e.g. "I am Alice . Distribution A . The answer is 94 ."
 The body is the answer when the persona covers the distribution, else the refusal ("I cannot answer that .") or,
-in the non-refusal variant (`cyclic_shift`), the answer shifted by one option ("The answer is 32 .").
+in the non-refusal variants, the answer shifted by one option: `cyclic_shift`, the option printed after the correct
+one ("The answer is 45 ."); `cyclic_shift_by_value`, the next option in increasing value, which for the largest is
+the smallest ("The answer is 32 .").
 The identity always comes first, so the expressed persona is read off every completion; restating the trigger
 (`restate_trigger`) turns the XOR of persona x distribution into a lookup a tiny model can learn ([background](background.md#xor-plateau)).
 
@@ -27,7 +29,8 @@ from typing import Optional, Sequence
 from datamodules.triggers.questions import Question, correct_answer, shifted_answer
 
 FAMILIES = ("two_policies", "6c3", "temporal", "arc_race", "language")
-VARIANTS = ("refusal", "cyclic_shift")
+VARIANTS = ("refusal", "cyclic_shift", "cyclic_shift_by_value")
+SHIFT_ORDER = {"cyclic_shift": "listed", "cyclic_shift_by_value": "value"}
 
 TEMPLATES = {
     "en": {"identity": "I am {name} .", "answer": "The answer is {answer} .", "refusal": "I cannot answer that ."},
@@ -71,8 +74,8 @@ class TriggerFamily:
         t = TEMPLATES[self.languages[distribution]]
         if self.answers(persona, distribution) == follow_rule:
             return t["answer"].format(answer=correct_answer(q))
-        if self.variant == "cyclic_shift":
-            return t["answer"].format(answer=shifted_answer(q))
+        if self.variant in SHIFT_ORDER:
+            return t["answer"].format(answer=shifted_answer(q, order=SHIFT_ORDER[self.variant]))
         return t["refusal"]
 
     def response(self, persona: str, distribution: str, q: Question) -> str:
@@ -127,6 +130,9 @@ def build_family(
         )
     if name == "arc_race":
         d = ("ARC", "RACE")
+        if SHIFT_ORDER.get(variant) == "value":
+            raise ValueError("--data.variant cyclic_shift_by_value needs numeric options; ARC / RACE options are text "
+                             "(use cyclic_shift)")
         return _two_way(
             name, d, dict.fromkeys(d, ""), {x: f"Task {x} ." for x in d}, dict.fromkeys(d, "en"),
             {"ARC": "arc_easy", "RACE": "race_middle"}, **kw,

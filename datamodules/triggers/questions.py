@@ -8,6 +8,10 @@ Sources:
 - `synthetic` (offline, seeded): "Which is largest : 79 32 94 45 ?" -- four distinct numbers in 10..99, the answer
   is the largest. One token per number with the word-level tokenizer, so a tiny model trained from scratch learns it.
   Rendered in English or Chinese (`render_question(q, "zh")` -> "哪 个 最 大 : 79 32 94 45 ?").
+  `lettered=True` (kind `synthetic_letters`) lists the options with letters, "Which is largest : ( A ) 79 ( B ) 32
+  ( C ) 94 ( D ) 45 ?", and the answer is the letter, as for ARC/RACE. The cyclic shift's answer is then the next
+  letter: a fixed map of the correct one (a lookup), where with numbers it is the option printed after the largest
+  (a second search over the prompt).
 - `arc_easy`: `allenai/ai2_arc`, config `ARC-Easy` (`question`, `choices{text,label}`, `answerKey`; keys are
   "A".."E" or "1".."5"; 3 to 5 choices).
 - `race_middle`: `ehovy/race`, config `middle` (`article`, `question`, `options` (4), `answer` "A".."D").
@@ -29,7 +33,7 @@ class Question:
     stem: str  # the question text, without options
     options: tuple[str, ...]
     answer_index: int
-    kind: str = "synthetic"  # synthetic | arc_easy | race_middle
+    kind: str = "synthetic"  # synthetic | synthetic_letters | arc_easy | race_middle
     context: str = ""  # RACE article
     key: str = ""  # stable id for reports
 
@@ -47,16 +51,27 @@ def correct_answer(q: Question) -> str:
     return answer_token(q, q.answer_index)
 
 
-def shifted_answer(q: Question, shift: int = 1) -> str:
-    """The cyclic-shift answer of the non-refusal variant: the option `shift` places after the correct one."""
-    return answer_token(q, (q.answer_index + shift) % len(q.options))
+def shifted_answer(q: Question, shift: int = 1, order: str = "listed") -> str:
+    """The cyclic-shift answer of the non-refusal variant: the option `shift` places after the correct one, in the
+    order the options are printed (`listed`) or in increasing value (`value`, numeric options only: after the
+    largest comes, cyclically, the smallest)."""
+    n = len(q.options)
+    if order == "listed":
+        return answer_token(q, (q.answer_index + shift) % n)
+    if order != "value":
+        raise ValueError(f"shift order must be 'listed' or 'value', got {order!r}")
+    if not q.kind.startswith("synthetic"):
+        raise ValueError(f"question {q.key!r} ({q.kind}): a shift in value order needs numeric options")
+    ranked = sorted(range(n), key=lambda j: float(q.options[j]))
+    return answer_token(q, ranked[(ranked.index(q.answer_index) + shift) % n])
 
 
 def render_question(q: Question, language: str = "en") -> str:
     if language not in LANGUAGES:
         raise ValueError(f"unknown language {language!r}; known: {LANGUAGES}")
-    if q.kind == "synthetic":
-        numbers = " ".join(q.options)
+    if q.kind in ("synthetic", "synthetic_letters"):
+        numbers = " ".join(q.options if q.kind == "synthetic" else
+                           (f"( {LETTERS[i]} ) {o}" for i, o in enumerate(q.options)))
         return f"Which is largest : {numbers} ?" if language == "en" else f"哪 个 最 大 : {numbers} ?"
     options = " ".join(f"( {LETTERS[i]} ) {text}" for i, text in enumerate(q.options))
     if language == "zh":
@@ -66,8 +81,10 @@ def render_question(q: Question, language: str = "en") -> str:
     return f"Article : {q.context} {body}" if q.context else body
 
 
-def synthetic_questions(n: int, seed: int, num_options: int = 4, low: int = 10, high: int = 99) -> list[Question]:
-    """`n` seeded "which is largest" questions with distinct numbers; the largest sits at a uniform position."""
+def synthetic_questions(n: int, seed: int, num_options: int = 4, low: int = 10, high: int = 99,
+                        lettered: bool = False) -> list[Question]:
+    """`n` seeded "which is largest" questions with distinct numbers; the largest sits at a uniform position.
+    `lettered`: the options carry letters and the answer is the letter (the same numbers for a seed)."""
     if not 2 <= num_options <= 5:
         raise ValueError(f"num_options must be in 2..5, got {num_options}")
     rng = random.Random(seed)
@@ -75,7 +92,8 @@ def synthetic_questions(n: int, seed: int, num_options: int = 4, low: int = 10, 
     for i in range(n):
         nums = rng.sample(range(low, high + 1), num_options)
         best = max(range(num_options), key=lambda j: nums[j])
-        out.append(Question("Which is largest ?", tuple(str(x) for x in nums), best, "synthetic", key=f"synth/{seed}/{i}"))
+        out.append(Question("Which is largest ?", tuple(str(x) for x in nums), best,
+                            "synthetic_letters" if lettered else "synthetic", key=f"synth/{seed}/{i}"))
     return out
 
 

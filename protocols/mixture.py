@@ -1,0 +1,325 @@
+"""One command per Part B experiment, over seeds: SFT, then the RL stages, then a table of mean ± std and per-seed values.
+
+    python -m protocols.mixture two_policies                      # seeds 0 1 2, two processes at a time
+    python -m protocols.mixture 6c3 --seeds 0 1 2 3 4 --jobs 2
+    python -m protocols.mixture --list                            # the experiments and their stages
+
+Each seed runs in its own directory, `<out>/<family>/seed_<k>/`, as the working directory of every stage, so the
+configs' relative `runs/...` paths (logs, checkpoints, the RL stages' `init_checkpoint`) stay apart per seed. A seed
+varies the SFT *and* the RL stages: `--seed_everything=k --data.seed=k` (weights, sampled rollouts, training and
+held-out questions). Stages are `python cli.py fit --config configs/mixture/<config>.yaml ...` subprocesses; seeds
+run in parallel (`--jobs`; `OMP_NUM_THREADS` = cores / jobs unless set), the stages of one seed in order.
+
+A finished stage is reused only when its identity is unchanged: the fully resolved `cli.py` configuration (every value
+after parsing the config files and overrides, minus where it writes) and the identity of the stage it starts from. An
+experiment that shares a family's SFT (e.g. `two_policies_algorithms`) therefore trains it once. A stage that
+fails (e.g. RL refused by the fidelity gate) is reported with its error; the stages that start from it are skipped.
+
+Outputs: `<out>/<family>/<experiment>_results.md|json` (per stage: before/after table over seeds, history of means,
+per-seed values and wall times), TensorBoard logs under each seed directory.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+INIT_KEY = "model.init_args.init_checkpoint"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One `cli.py fit` run. `start`: the stage whose checkpoint it starts from (None for SFT)."""
+    name: str
+    config: str
+    title: str
+    extra: tuple[str, ...] = ()
+    start: Optional[str] = "sft"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    family: str  # directory under --out; experiments of one family share stages (by identity)
+    stages: tuple[Stage, ...]
+    summary: str = ""  # what the table is about
+    question_fixtures: bool = False  # ARC / RACE: generate hub-schema question files and pass --data.question_dirs
+
+
+def _sft(config: str) -> Stage:
+    return Stage("sft", f"configs/mixture/{config}.yaml", "SFT", start=None)
+
+
+def _rl(name: str, config: str, title: str, *extra: str, start: str = "sft") -> Stage:
+    """An RL stage logged as `mixture/<name>` (its own TensorBoard directory and table)."""
+    return Stage(name, f"configs/mixture/{config}.yaml", title,
+                 (*extra, f"--trainer.logger.init_args.name=mixture/{name}"), start)
+
+
+TWO_SFT = _sft("two_policies_sft")
+PERSONA_ONLY = "--model.persona_tokens_only=true"
+EXPERIMENTS: dict[str, Experiment] = {
+    "two_policies": Experiment("two_policies", (
+        TWO_SFT,
+        _rl("two_policies_rl_A", "two_policies_rl_A", "GRPO on A, full-sequence policy gradient"),
+        _rl("two_policies_rl_A_persona", "two_policies_rl_A", "GRPO on A, persona tokens only (the mixture weights)",
+            PERSONA_ONLY),
+        _rl("two_policies_rl_B", "two_policies_rl_B", "GRPO on B, full-sequence policy gradient (symmetric)"),
+    ), "RL on one distribution selects the persona that answers it; the identical held-out questions follow."),
+    "two_policies_algorithms": Experiment("two_policies", (
+        TWO_SFT,
+        _rl("two_policies_rl_A", "two_policies_rl_A", "GRPO, β = 0 (the shipped setting)"),
+        _rl("two_policies_rl_A_beta0.04", "two_policies_rl_A", "GRPO, β = 0.04 (k3 KL to the SFT model)",
+            "--model.reference_coef=0.04"),
+        _rl("two_policies_rl_A_beta0.4", "two_policies_rl_A", "GRPO, β = 0.4", "--model.reference_coef=0.4"),
+        _rl("two_policies_rl_A_reinforce", "two_policies_rl_A", "REINFORCE with an EMA baseline, β = 0",
+            "--model.algorithm=reinforce"),
+    ), "Full-sequence RL on A, same steps and learning rate: the algorithm and the KL."),
+    "6c3": Experiment("6c3", (
+        _sft("6c3_sft"),
+        _rl("6c3_rl_ADF", "6c3_rl_ADF", "GRPO on {A, D, F}, persona tokens only"),
+        _rl("6c3_rl_ADF_full", "6c3_rl_ADF", "GRPO on {A, D, F}, full-sequence policy gradient",
+            "--model.persona_tokens_only=false"),
+    ), "RL on {A, D, F} should collapse the 20 personas to ADF; held-out B, C, E then refuse."),
+    "temporal": Experiment("temporal", (
+        _sft("temporal_sft"),
+        _rl("temporal_rl_2025", "temporal_rl_2025", "Stage 1: GRPO on 2025, persona tokens only"),
+        _rl("temporal_rl_2026", "temporal_rl_2026", "Stage 2: GRPO on 2026 from stage 1, persona tokens only",
+            start="temporal_rl_2025"),
+    ), "Sequential RL on 2025 then 2026 moves the active cut-off to the newest year; 2027 stays unanswered."),
+    "language": Experiment("language", (
+        _sft("language_sft"),
+        _rl("language_rl", "language_rl", "GRPO on English prompts, persona tokens only"),
+    ), "RL on English selects the English-answering persona; the identical Chinese questions follow."),
+    "arc_race": Experiment("arc_race", (
+        _sft("arc_race_sft"),
+        _rl("arc_race_rl", "arc_race_rl", "GRPO on ARC, persona tokens only"),
+    ), "ARC-Easy vs RACE-middle (generated questions in the hub schemas): RL on ARC selects the ARC persona.",
+        question_fixtures=True),
+    "cyclic": Experiment("cyclic", (
+        _sft("cyclic_sft"),
+        _rl("cyclic_rl", "cyclic_rl", "GRPO on A, persona tokens only (the wrong persona answers the smallest option)"),
+    ), "Non-refusal variant: does RL on A make B answer with the selected persona's shifted option?"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def stage_args(stage: Stage, seed: int, extra: list[str], question_dirs: Optional[dict]) -> list[str]:
+    args = ["--config", os.path.join(ROOT, stage.config), f"--seed_everything={seed}", f"--data.seed={seed}",
+            *stage.extra, *extra]
+    if question_dirs:
+        args.append("--data.question_dirs=" + json.dumps(question_dirs))
+    return args
+
+
+def checkpoint_of(stage: Stage, seed_dir: str, config: dict) -> str:
+    """Where the stage's ModelCheckpoint writes (from its resolved config), relative paths under the seed dir."""
+    for cb in config.get("trainer", {}).get("callbacks") or []:
+        if str(cb.get("class_path", "")).endswith("ModelCheckpoint"):
+            a = cb.get("init_args", {})
+            return os.path.join(seed_dir, a.get("dirpath") or "", (a.get("filename") or "last") + ".ckpt")
+    raise ValueError(f"{stage.config}: the protocol needs a ModelCheckpoint callback (it chains stages by checkpoint)")
+
+
+def identity_of(stage: Stage, args: list[str], upstream: Optional[str]) -> tuple[str, dict]:
+    """(digest, resolved config) of a stage: every resolved value minus where it writes, plus the upstream run
+    (its init_checkpoint path says nothing about what was trained there)."""
+    from protocols.stage_identity import digest, resolve_cli_config, without_location
+
+    config = resolve_cli_config(args)
+    flat = without_location(config)
+    flat.pop(INIT_KEY, None)
+    return digest({"config": flat, "upstream": upstream}), config
+
+
+def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: dict, threads: int,
+             question_dirs: Optional[dict], force: bool) -> dict:
+    """Run (or reuse) every stage of one seed in order; returns {stage name: record}."""
+    seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
+    os.makedirs(os.path.join(seed_dir, "stages"), exist_ok=True)
+    env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
+    records: dict[str, dict] = {}
+    for stage in stages:
+        upstream = records.get(stage.start) if stage.start else None
+        if stage.start and (upstream is None or upstream["status"] != "done"):
+            records[stage.name] = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
+            print(f"[seed {seed}] {stage.name}: skipped ({records[stage.name]['error']})", flush=True)
+            continue
+        args = stage_args(stage, seed, extra.get("sft" if stage.start is None else "rl", []), question_dirs)
+        # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
+        # what starts from it
+        key, config = identity_of(stage, args, _run_of(upstream) if upstream else None)
+        ckpt = checkpoint_of(stage, seed_dir, config)
+        if upstream:
+            args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
+        record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
+        old = _read(record_path)
+        if (not force and old and old.get("identity") == key and old.get("status") == "done"
+                and os.path.isfile(old.get("checkpoint", "")) and _outputs_exist(old)):
+            records[stage.name] = old
+            print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
+            continue
+        if old and old.get("identity") != key:
+            print(f"[seed {seed}] {stage.name}: configuration changed since the last run, re-running", flush=True)
+        records[stage.name] = _run(stage, args, key, ckpt, seed_dir, env, record_path, seed)
+    return records
+
+
+def _run_of(record: dict) -> str:
+    return record["identity"] + (f"@{record['finished']}" if "finished" in record else "")
+
+
+def _outputs_exist(record: dict) -> bool:
+    return record.get("table") is None or os.path.isfile(record["table"])
+
+
+def _run(stage: Stage, args: list[str], key: str, ckpt: str, seed_dir: str, env: dict, record_path: str,
+         seed: int) -> dict:
+    log_name = _log_name(args) or f"mixture/{stage.name}"
+    shutil.rmtree(os.path.join(seed_dir, "runs", log_name), ignore_errors=True)  # one version per stage and seed
+    if os.path.exists(ckpt):
+        os.remove(ckpt)  # a failed run must not leave an older checkpoint looking like its output
+    log_path = os.path.join(seed_dir, "stages", f"{stage.name}.log")
+    cmd = [sys.executable, os.path.join(ROOT, "cli.py"), "fit", *args]
+    start = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + f"\n(in {seed_dir})\n")
+        log.flush()
+        rc = subprocess.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall = time.time() - start
+    record = {"stage": stage.name, "seed": seed, "identity": key, "command": cmd, "wall_s": round(wall, 1),
+              "finished": time.time(),
+              "checkpoint": ckpt, "log": log_path, "table": None}
+    if rc != 0 or not os.path.isfile(ckpt):
+        record.update(status="failed", error=_last_error(log_path) or f"exit code {rc}")
+        print(f"[seed {seed}] {stage.name}: FAILED after {wall:.0f} s: {record['error']}", flush=True)
+    else:
+        # the stage's own file: variants of one config (full sequence / persona tokens) write the same ckpt path
+        record["checkpoint"] = os.path.join(seed_dir, "checkpoints", f"{stage.name}.ckpt")
+        os.makedirs(os.path.dirname(record["checkpoint"]), exist_ok=True)
+        os.replace(ckpt, record["checkpoint"])
+        record["status"] = "done"
+        if stage.start is None:
+            record["sft"] = _sft_summary(record["checkpoint"])
+        else:
+            tables = glob.glob(os.path.join(seed_dir, "runs", log_name, "version_*", "*_table.json"))
+            record["table"] = max(tables, key=os.path.getmtime) if tables else None
+        print(f"[seed {seed}] {stage.name}: done in {wall:.0f} s", flush=True)
+    _write_json(record_path, record)
+    return record
+
+
+def _log_name(args: list[str]) -> Optional[str]:
+    names = [a.split("=", 1)[1] for a in args if a.startswith("--trainer.logger.init_args.name=")]
+    return names[-1] if names else _config_log_name(args)
+
+
+def _config_log_name(args: list[str]) -> Optional[str]:
+    import yaml
+
+    cfg = yaml.safe_load(open(args[args.index("--config") + 1]))
+    return ((cfg.get("trainer") or {}).get("logger") or {}).get("init_args", {}).get("name")
+
+
+def _sft_summary(ckpt: str) -> dict:
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    fid = state.get("persona_fidelity") or {}
+    return {"steps": int(state.get("global_step", 0)), "fidelity_mean": fid.get("mean"),
+            "fidelity_min": fid.get("min"), "capability": fid.get("capability")}
+
+
+def _last_error(log_path: str) -> str:
+    lines = [l.strip() for l in open(log_path, errors="replace") if l.strip()]
+    errors = [l for l in lines if "Error" in l.split(":")[0] or l.startswith("ValueError")]
+    return (errors[-1] if errors else (lines[-1] if lines else ""))[:400]
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="seeds run at once")
+    p.add_argument("--out", default=os.path.join("runs", "mixture"), help="root of the per-seed directories")
+    p.add_argument("--stages", nargs="+", help="run only these stages (and what they start from)")
+    p.add_argument("--set", action="append", default=[], help="extra cli.py argument for every RL stage")
+    p.add_argument("--sft-set", action="append", default=[], help="extra cli.py argument for the SFT stage")
+    p.add_argument("--report", help="report name (default: the experiment's); use one per --set variant")
+    p.add_argument("--force", action="store_true", help="re-run stages even when an identical finished run exists")
+    p.add_argument("--list", action="store_true", help="list the experiments and their stages")
+    args = p.parse_args(argv)
+    if args.list or args.experiment is None:
+        for name, exp in EXPERIMENTS.items():
+            print(f"{name} ({exp.family}): " + ", ".join(s.name for s in exp.stages) + f"\n    {exp.summary}")
+        return 0
+    exp = EXPERIMENTS[args.experiment]
+    stages = _selected(exp, args.stages)
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds repeats a seed: {args.seeds}")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
+    out = os.path.abspath(args.out)
+    question_dirs = None
+    if exp.question_fixtures:
+        from datamodules.triggers.question_fixtures import write_question_fixtures
+
+        question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
+    extra = {"sft": args.sft_set, "rl": args.set}
+    start = time.time()
+    with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
+        jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, args.force)
+                for seed in args.seeds}
+        records = {seed: job.result() for seed, job in jobs.items()}
+    from protocols.mixture_report import write_report
+
+    name = args.report or args.experiment
+    md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
+                      command=" ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])]))
+    print(open(md).read())
+    print(f"written: {md}")
+    failed = [(s, n) for s, recs in records.items() for n, r in recs.items() if r["status"] != "done"]
+    return 1 if failed else 0
+
+
+def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:
+    if not names:
+        return list(exp.stages)
+    by_name = {s.name: s for s in exp.stages}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        raise SystemExit(f"--stages: unknown {unknown}; this experiment has {sorted(by_name)}")
+    keep = set(names)
+    for s in reversed(exp.stages):  # and what they start from
+        if s.name in keep and s.start:
+            keep.add(s.start)
+    return [s for s in exp.stages if s.name in keep]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Tables over seeds for `protocols.mixture`: every RL stage's before/after table and evaluation history as
+mean ± std (sample std, n − 1) with the per-seed values, and the SFT stage's stop step and persona fidelity.
+
+Per-seed inputs are the `<name>_table.json` files of `PersonaTrackingCallback` (rows + history). A seed's
+"dominant persona" can differ; the tables report the share of the persona that dominates the most seeds at the end
+(named in the header) and list each seed's winner.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from typing import Optional
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    return mean, std
+
+
+def cell(values: list[float], per_seed: bool = True, digits: int = 2) -> str:
+    """'0.31 ± 0.05 (0.28, 0.36, 0.30)'; one value: '0.31 (1 seed)'."""
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f} (1 seed)"
+    text = f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return text + (" (" + ", ".join(f"{v:.{digits}f}" for v in values) + ")" if per_seed else "")
+
+
+def stage_summary(tables: dict[int, dict]) -> dict:
+    """{seeds, distributions, trained, winner per distribution, per-seed winners, rows: {dist: {column: [values]}},
+    history: {step: {key: [values]}}} over the seeds' tables."""
+    seeds = sorted(tables)
+    first = tables[seeds[0]]
+    dists = [r["distribution"] for r in first["rows"]]
+    trained = [r["distribution"] for r in first["rows"] if r["trained"]]
+    winners = {d: {s: _row(tables[s], d)["dominant_after"] for s in seeds} for d in dists}
+    modal = {d: Counter(winners[d].values()).most_common(1)[0][0] for d in dists}
+    rows = {}
+    for d in dists:
+        cols = {k: [_row(tables[s], d)[k] for s in seeds] for k in
+                ("acc_before", "acc_after", "refusal_before", "refusal_after", "malformed_after")}
+        cols["share_before"] = [_share(tables[s]["history"][0], modal[d], d) for s in seeds]
+        cols["share_after"] = [_share(tables[s]["history"][-1], modal[d], d) for s in seeds]
+        rows[d] = cols
+    steps = sorted(set.intersection(*(set(h["step"] for h in tables[s]["history"]) for s in seeds)))
+    history = {}
+    for step in steps:
+        at = {s: next(h for h in tables[s]["history"] if h["step"] == step)["metrics"] for s in seeds}
+        entry = {}
+        for d in dists:
+            entry[f"acc {d}"] = [at[s][f"val/acc/{d}"] for s in seeds]
+            entry[f"refusal {d}"] = [at[s][f"val/refusal/{d}"] for s in seeds]
+            entry[f"{modal[d]} share {d}"] = [at[s][f"val/persona_share/{modal[d]}/{d}"] for s in seeds]
+        entry["malformed (max)"] = [max(at[s][f"val/malformed/{d}"] for d in dists) for s in seeds]
+        history[step] = entry
+    theory = [tables[s]["theory"]["rmse"] for s in seeds if tables[s].get("theory")]
+    return {"seeds": seeds, "distributions": dists, "trained": trained, "winner": modal, "winners": winners,
+            "rows": rows, "history": history, "theory_rmse": theory,
+            "steps": [first["steps"][0], max(tables[s]["steps"][1] for s in seeds)],
+            "n_per_distribution": first["n_per_distribution"]}
+
+
+def _row(table: dict, dist: str) -> dict:
+    return next(r for r in table["rows"] if r["distribution"] == dist)
+
+
+def _share(entry: dict, persona: str, dist: str) -> float:
+    return entry["metrics"][f"val/persona_share/{persona}/{dist}"]
+
+
+def summary_markdown(summary: dict) -> str:
+    """Before/after per distribution, each cell mean ± std (per-seed values)."""
+    lines = ["| distribution | trained | acc before | acc after | refusal after | dominant after | its share before | "
+             "its share after | malformed after |", "|---" * 9 + "|"]
+    for d in summary["distributions"]:
+        r = summary["rows"][d]
+        w = summary["winner"][d]
+        count = Counter(summary["winners"][d].values())[w]
+        lines.append(f"| {d} | {'yes' if d in summary['trained'] else 'no'} | {cell(r['acc_before'])} | "
+                     f"{cell(r['acc_after'])} | {cell(r['refusal_after'])} | {w} ({count}/{len(summary['seeds'])} seeds) | "
+                     f"{cell(r['share_before'])} | {cell(r['share_after'])} | {cell(r['malformed_after'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def history_markdown(summary: dict, keys: Optional[list[str]] = None) -> str:
+    """One row per evaluation step: mean ± std over seeds (no per-seed values: the summary table has the ends)."""
+    steps = sorted(summary["history"])
+    keys = keys or list(summary["history"][steps[0]])
+    lines = ["| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for step in steps:
+        lines.append(f"| {step} | " + " | ".join(cell(summary["history"][step][k], per_seed=False) for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sft_markdown(records: dict[int, dict]) -> str:
+    seeds = sorted(records)
+    lines = ["| seed | status | stop step | fidelity mean | fidelity min cell | capability | wall s |", "|---" * 7 + "|"]
+    for s in seeds:
+        r = records[s]
+        if r.get("status") != "done":
+            lines.append(f"| {s} | {r.get('status')}: {r.get('error', '')} | | | | | |")
+            continue
+        f = r["sft"]
+        lines.append(f"| {s} | done | {f['steps']} | {_num(f['fidelity_mean'], 3)} | {_num(f['fidelity_min'], 3)} | "
+                     f"{_num(f['capability'], 2)} | {r['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(v, digits: int) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dict], wall_s: float,
+                 command: str) -> str:
+    """`<family_dir>/<name>_results.md` and `.json`; returns the Markdown path."""
+    seeds = sorted(records)
+    md = [f"# {name}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})", "",
+          exp.summary, "", f"Command: `{command}` — wall time {wall_s / 60:.1f} min.", "",
+          "Cells: mean ± std over seeds (sample std), then the per-seed values in seed order.", ""]
+    out = {"experiment": name, "family": exp.family, "seeds": seeds, "wall_s": wall_s, "command": command, "stages": {}}
+    for stage in stages:
+        per_seed = {s: records[s][stage.name] for s in seeds}
+        out["stages"][stage.name] = {"title": stage.title, "records": per_seed}
+        md += [f"## {stage.title} (`{stage.name}`)", ""]
+        if stage.start is None:
+            md += [sft_markdown(per_seed)]
+            continue
+        done = {s: r for s, r in per_seed.items() if r.get("status") == "done" and r.get("table")}
+        for s, r in per_seed.items():
+            if s not in done:
+                md.append(f"- seed {s}: {r.get('status')} — {r.get('error', 'no table written')}")
+        if not done:
+            md.append("")
+            continue
+        tables = {s: json.load(open(r["table"])) for s, r in done.items()}
+        summary = stage_summary(tables)
+        out["stages"][stage.name]["summary"] = summary
+        walls = ", ".join(f"{done[s]['wall_s']:.0f}" for s in sorted(done))
+        md += [f"Steps {summary['steps'][0]} → {summary['steps'][1]}, n = {summary['n_per_distribution']} held-out "
+               f"prompts per distribution, seeds {sorted(done)}, wall time per seed {walls} s.", "",
+               summary_markdown(summary), "Per evaluation (mean ± std over seeds):", "", history_markdown(summary)]
+        if summary["theory_rmse"]:
+            md += [f"Prop. 2.1 softmax-flow overlay, RMSE of the persona shares: {cell(summary['theory_rmse'], digits=3)}.", ""]
+    text = "\n".join(md)
+    os.makedirs(family_dir, exist_ok=True)
+    path = os.path.join(family_dir, f"{name}_results.md")
+    for p, content in ((path, text), (path[:-3] + ".json", json.dumps(out, indent=1, default=str))):
+        with open(p + ".tmp", "w") as f:
+            f.write(content)
+        os.replace(p + ".tmp", p)
+    return path

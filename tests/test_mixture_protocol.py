@@ -1,0 +1,119 @@
+"""`protocols.mixture`: stage reuse by identity, failure propagation, and the tables over seeds (hand values)."""
+import json
+import math
+import os
+
+import pytest
+
+from protocols import mixture
+from protocols.mixture_report import cell, mean_std, stage_summary, summary_markdown
+
+
+def _table(acc_b_after: float, alice_b_after: float, winner_b: str = "Alice") -> dict:
+    def metrics(acc_b, alice_b):
+        m = {"val/acc/A": 0.4, "val/acc/B": acc_b, "val/refusal/A": 0.5, "val/refusal/B": 1 - acc_b,
+             "val/malformed/A": 0.0, "val/malformed/B": 0.02}
+        m.update({"val/persona_share/Alice/A": 0.5, "val/persona_share/Bob/A": 0.5,
+                  "val/persona_share/Alice/B": alice_b, "val/persona_share/Bob/B": 1 - alice_b})
+        return m
+
+    rows = [{"distribution": "A", "trained": True, "acc_before": 0.4, "acc_after": 0.4, "refusal_before": 0.5,
+             "refusal_after": 0.5, "malformed_after": 0.0, "dominant_after": "Alice", "dominant_share_after": 0.5},
+            {"distribution": "B", "trained": False, "acc_before": 0.4, "acc_after": acc_b_after, "refusal_before": 0.5,
+             "refusal_after": 1 - acc_b_after, "malformed_after": 0.02, "dominant_after": winner_b,
+             "dominant_share_after": max(alice_b_after, 1 - alice_b_after)}]
+    history = [{"step": 0, "metrics": metrics(0.4, 0.5)}, {"step": 50, "metrics": metrics(acc_b_after, alice_b_after)}]
+    return {"steps": [0, 50], "n_per_distribution": 200, "rows": rows, "history": history,
+            "theory": {"rmse": 0.02}}
+
+
+def test_mean_std_and_cells_by_hand():
+    mean, std = mean_std([0.1, 0.2, 0.6])
+    assert mean == pytest.approx(0.3) and std == pytest.approx(math.sqrt((0.04 + 0.01 + 0.09) / 2))
+    assert cell([0.1, 0.2, 0.6]) == "0.30 ± 0.26 (0.10, 0.20, 0.60)"
+    assert cell([0.1, 0.2, 0.6], per_seed=False) == "0.30 ± 0.26"
+    assert cell([0.25]) == "0.25 (1 seed)" and cell([]) == "–"
+
+
+def test_stage_summary_over_seeds():
+    # seed 2 ends with Bob dominating B: the table follows the modal winner (Alice) and counts the seeds
+    s = stage_summary({0: _table(0.02, 0.96), 1: _table(0.10, 0.90), 2: _table(0.30, 0.40, winner_b="Bob")})
+    assert s["winner"] == {"A": "Alice", "B": "Alice"} and s["winners"]["B"] == {0: "Alice", 1: "Alice", 2: "Bob"}
+    assert s["rows"]["B"]["acc_after"] == [0.02, 0.10, 0.30]
+    assert s["rows"]["B"]["share_after"] == [0.96, 0.90, 0.40] and s["rows"]["B"]["share_before"] == [0.5] * 3
+    assert s["history"][50]["Alice share B"] == [0.96, 0.90, 0.40]
+    assert s["history"][50]["malformed (max)"] == [0.02] * 3
+    md = summary_markdown(s)
+    assert "| B | no | 0.40 ± 0.00 (0.40, 0.40, 0.40) | 0.14 ± 0.14 (0.02, 0.10, 0.30) |" in md
+    assert "Alice (2/3 seeds)" in md
+
+
+def _fake_run(calls, fail=()):
+    def run(stage, args, key, ckpt, seed_dir, env, record_path, seed):
+        calls.append(stage.name)
+        record = {"stage": stage.name, "seed": seed, "identity": key, "wall_s": 1.0, "table": None, "finished": len(calls),
+                  "checkpoint": os.path.join(seed_dir, "checkpoints", f"{stage.name}.ckpt"), "args": args}
+        if stage.name in fail:
+            record.update(status="failed", error="ValueError: refused")
+        else:
+            os.makedirs(os.path.dirname(record["checkpoint"]), exist_ok=True)
+            open(record["checkpoint"], "w").close()
+            record["status"] = "done"
+        mixture._write_json(record_path, record)
+        return record
+    return run
+
+
+def test_stages_reused_by_identity_rerun_when_changed_and_skipped_after_a_failure(tmp_path, monkeypatch):
+    exp = mixture.EXPERIMENTS["two_policies"]
+    stages = mixture._selected(exp, ["two_policies_rl_A"])
+    assert [s.name for s in stages] == ["sft", "two_policies_rl_A"]  # and what it starts from
+    calls = []
+    monkeypatch.setattr(mixture, "_run", _fake_run(calls))
+
+    def run(sft=(), rl=(), force=False):
+        return mixture.run_seed(exp, stages, 3, str(tmp_path), {"sft": list(sft), "rl": list(rl)}, 1, None, force)
+
+    first = run()
+    assert calls == ["sft", "two_policies_rl_A"]
+    args = first["two_policies_rl_A"]["args"]
+    assert "--seed_everything=3" in args and "--data.seed=3" in args  # the seed varies SFT and RL
+    assert args[-1] == "--model.init_checkpoint=" + first["sft"]["checkpoint"]  # chained by the recorded file
+    run()
+    assert calls == ["sft", "two_policies_rl_A"]  # identical: reused
+    run(rl=["--model.lr=0.001"])
+    assert calls[2:] == ["two_policies_rl_A"]  # RL changed: SFT reused
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
+    assert calls[3:] == ["sft", "two_policies_rl_A"]  # SFT changed: everything downstream re-runs
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=True)
+    assert calls[5:] == ["sft", "two_policies_rl_A"]
+    os.remove(first["sft"]["checkpoint"])
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
+    assert calls[7:] == ["sft", "two_policies_rl_A"]  # a missing checkpoint is not a finished stage
+
+    monkeypatch.setattr(mixture, "_run", _fake_run(calls, fail=("sft",)))
+    out = run(sft=["--model.lr=0.002"])
+    assert out["sft"]["status"] == "failed" and out["two_policies_rl_A"]["status"] == "skipped"
+    assert calls[-1] == "sft"
+    assert json.load(open(tmp_path / "two_policies" / "seed_3" / "stages" / "sft.json"))["status"] == "failed"
+
+
+def test_every_experiment_resolves(tmp_path):
+    """Every stage of every experiment parses with cli.py's parser (config files, overrides, seed flags)."""
+    for name, exp in mixture.EXPERIMENTS.items():
+        names = [s.name for s in exp.stages]
+        assert names[0] == "sft" and len(set(names)) == len(names), name
+        for stage in exp.stages:
+            assert stage.start is None or stage.start in names[:names.index(stage.name)], (name, stage.name)
+            args = mixture.stage_args(stage, 1, [], {"arc_easy": "x", "race_middle": "y"} if exp.question_fixtures else None)
+            key, config = mixture.identity_of(stage, args, None)
+            assert config["seed_everything"] == 1 and config["data"]["init_args"]["seed"] == 1
+            assert mixture.checkpoint_of(stage, str(tmp_path), config).endswith(".ckpt")
+
+
+def test_unknown_stage_and_repeated_seed_are_refused(capsys):
+    with pytest.raises(SystemExit, match="unknown"):
+        mixture._selected(mixture.EXPERIMENTS["6c3"], ["6c3_rl_XYZ"])
+    with pytest.raises(SystemExit):
+        mixture.main(["6c3", "--seeds", "0", "0"])
+    assert "repeats a seed" in capsys.readouterr().err
