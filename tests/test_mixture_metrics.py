@@ -31,6 +31,18 @@ def test_counts_and_rates_by_hand():
     assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([2 / 3, 1 / 3])
 
 
+def test_shifted_answer_rate_by_hand():
+    """Non-refusal variants: answers equal to the cyclic-shift answer are counted per distribution, once per sample."""
+    rows = metric_rows()
+    shifted = torch.tensor([0, 0, 0, 0, 0, 0, 1])  # sample 6 (distribution B) gave the shifted answer
+    m = MixtureMetrics(2, 2, track_shifted=True)
+    m.update(*[rows[:, i] for i in range(6)], shifted)
+    m.update(*[torch.tensor([v]) for v in (6, 1, 0, 0, 0, 0)], torch.tensor([0]))  # a padded repeat of sample 6
+    flat = summarize(m.compute(), ["A", "B"], ["Alice", "Bob"])
+    assert flat["val/shifted/A"] == 0.0 and flat["val/shifted/B"] == pytest.approx(1 / 4)
+    assert "val/shifted/A" not in summarize(_single(), ["A", "B"], ["Alice", "Bob"])  # untracked: no key
+
+
 def test_one_distribution():
     """torchmetrics squeezes one-element results; a single-distribution family must still summarise."""
     m = MixtureMetrics(1, 2)

@@ -19,9 +19,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.triggers.questions import HUB_SOURCES, Question, correct_answer, render_question, synthetic_questions
+from datamodules.triggers.questions import (
+    HUB_SOURCES, Question, correct_answer, render_question, shifted_answer, synthetic_questions,
+)
 from datamodules.tokenizers import WORD_PATTERN, cached_wordlevel_tokenizer, load_tokenizer
-from datamodules.triggers.families import TEMPLATES, TriggerFamily, build_family, check_distributions
+from datamodules.triggers.families import SHIFT_ORDER, TEMPLATES, TriggerFamily, build_family, check_distributions
 
 
 class _ListDataset(Dataset):
@@ -184,6 +186,8 @@ class TriggerDataModule(LightningDataModule):
             "idx": idx, "dist": dist, "dist_idx": fam.distributions.index(dist), "question": q,
             "prompt": fam.prompt(dist, render_question(q, fam.languages[dist])), "gold": correct_answer(q),
         }
+        if fam.variant in SHIFT_ORDER:  # the wrong persona's answer, counted as `val/shifted/<d>`
+            rec["shifted"] = shifted_answer(q, order=SHIFT_ORDER[fam.variant])
         if persona is not None:
             rec["persona"] = persona
             rec["response"] = fam.response(persona, dist, q)

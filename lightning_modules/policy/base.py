@@ -108,7 +108,8 @@ class PolicyLMBase(LightningModule):
             state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
             self.model.load_state_dict(state)
             self.loaded_fidelity = ckpt.get("persona_fidelity")
-        self.metric = MixtureMetrics(len(self.family.distributions), len(self.family.personas))
+        self.metric = MixtureMetrics(len(self.family.distributions), len(self.family.personas),
+                                     track_shifted=self.family.variant != "refusal")
 
     def _check_checkpoint(self, ckpt: dict) -> None:
         path = self.hparams.init_checkpoint
@@ -167,15 +168,17 @@ class PolicyLMBase(LightningModule):
                                       tok.eos_token_id, tok.pad_token_id)
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
-        """Parse decoded completions: reward, refused, malformed, persona index (-1 = none) per row."""
+        """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
+        answer, non-refusal variants), persona index (-1 = none) per row."""
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         personas = self.family.personas
-        rows = {"reward": [], "refused": [], "malformed": [], "persona": []}
+        rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": []}
         for text, rec in zip(texts, records):
             parsed = parse_completion(text, personas)
             rows["reward"].append(correctness_reward(parsed, rec["gold"]))
             rows["refused"].append(float(parsed.refused))
             rows["malformed"].append(float(parsed.malformed))
+            rows["shifted"].append(correctness_reward(parsed, rec["shifted"]) if "shifted" in rec else 0.0)
             rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None else NO_PERSONA)
         dev = completions.device
         out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items() if k != "persona"}
@@ -187,7 +190,8 @@ class PolicyLMBase(LightningModule):
     def evaluate_batch(self, batch: dict) -> None:
         comp, _ = self.sample(batch["input_ids"], batch["attention_mask"], self.hparams.eval_temperature)
         s = self.score(comp, batch["records"])
-        self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"])
+        self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"],
+                           s["shifted"])
 
     def finish_evaluation(self, prefix: str = "val", log: bool = True) -> dict[str, float]:
         counts = {k: v.detach().cpu() for k, v in self.metric.compute().items()}

@@ -1,4 +1,5 @@
-"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate and persona fractions.
+"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate, persona fractions and (non-refusal
+variants) the rate of the shifted answer.
 
 Exact under DDP: each evaluated sample is stored as one row (sample index, distribution, outcome, persona); the
 rows of all ranks are gathered (in rank order) and de-duplicated by sample index, keeping the first occurrence.
@@ -29,20 +30,24 @@ class MixtureMetrics(Metric):
     Args:
         num_distributions: number of distributions (rows are indexed by `dist_idx`).
         num_personas: number of personas (persona index -1 = none/unknown).
+        track_shifted: also count answers equal to the cyclic-shift answer (`val/shifted/<d>`: in the non-refusal
+            variants, how often the wrong persona's answer was given).
     """
 
     full_state_update = False
 
-    def __init__(self, num_distributions: int, num_personas: int, **kwargs):
+    def __init__(self, num_distributions: int, num_personas: int, track_shifted: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.num_distributions = num_distributions
         self.num_personas = num_personas
-        # rows: (sample_idx, dist_idx, correct, refused, malformed, persona_idx)
+        self.track_shifted = track_shifted
+        # rows: (sample_idx, dist_idx, correct, refused, malformed, persona_idx, shifted)
         self.add_state("rows", default=[], dist_reduce_fx="cat")
 
     def update(self, sample_idx: torch.Tensor, dist_idx: torch.Tensor, correct: torch.Tensor, refused: torch.Tensor,
-               malformed: torch.Tensor, persona_idx: torch.Tensor) -> None:
-        cols = [sample_idx, dist_idx, correct, refused, malformed, persona_idx]
+               malformed: torch.Tensor, persona_idx: torch.Tensor, shifted: torch.Tensor | None = None) -> None:
+        cols = [sample_idx, dist_idx, correct, refused, malformed, persona_idx,
+                torch.zeros_like(correct) if shifted is None else shifted]
         self.rows.append(torch.stack([c.to(self.device, torch.long).view(-1) for c in cols], dim=1))
 
     def _rows(self, width: int, dtype) -> torch.Tensor:
@@ -50,7 +55,7 @@ class MixtureMetrics(Metric):
 
     def compute(self) -> dict[str, torch.Tensor]:
         D, P = self.num_distributions, self.num_personas
-        rows = self._rows(6, torch.long)
+        rows = self._rows(7, torch.long)
         if rows.numel():
             # keep the first occurrence of each sample index (stable sort keeps gather order among duplicates)
             order = torch.sort(rows[:, 0], stable=True).indices
@@ -71,6 +76,8 @@ class MixtureMetrics(Metric):
                 d * (P + 1) + persona, weights=rows[:, 2].float(), minlength=D * (P + 1)
             ).view(D, P + 1),
         }
+        if self.track_shifted:
+            out["shifted"] = torch.bincount(d, weights=rows[:, 6].float(), minlength=D)
         return out
 
 
@@ -83,7 +90,8 @@ def per_distribution(counts: dict[str, torch.Tensor], num_distributions: int) ->
 
 def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], personas: Sequence[str],
               prefix: str = "val") -> dict[str, float]:
-    """Flat `stage/name` rates: acc, refusal, malformed per distribution and persona shares per distribution."""
+    """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution and persona
+    shares per distribution."""
     counts = per_distribution(counts, len(distributions))
     out: dict[str, float] = {}
     n = counts["n"].clamp(min=1.0)
@@ -91,6 +99,8 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
         out[f"{prefix}/acc/{dist}"] = float(counts["correct"][i] / n[i])
         out[f"{prefix}/refusal/{dist}"] = float(counts["refused"][i] / n[i])
         out[f"{prefix}/malformed/{dist}"] = float(counts["malformed"][i] / n[i])
+        if "shifted" in counts:
+            out[f"{prefix}/shifted/{dist}"] = float(counts["shifted"][i] / n[i])
         for j, p in enumerate(personas):
             out[f"{prefix}/persona_share/{p}/{dist}"] = float(counts["persona_counts"][i, j] / n[i])
         out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
