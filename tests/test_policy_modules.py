@@ -70,6 +70,9 @@ def test_fidelity_of_a_uniform_model_is_one_over_vocab(cache_dir):
     V = len(dm.tokenizer)
     assert set(m.fidelity["cells"]) == {"Alice/A", "Alice/B", "Bob/A", "Bob/B"}
     assert m.fidelity["mean"] == pytest.approx(1 / V) and m.fidelity["min"] == pytest.approx(1 / V)
+    m.hparams.fidelity_measure = "branch"  # the prescribed branch against the other one: 1/2 for a uniform model
+    t.validate(m, dm, verbose=False)
+    assert m.fidelity["mean"] == pytest.approx(0.5) and m.fidelity["min"] == pytest.approx(0.5)
 
 
 def test_rl_refuses_low_fidelity_checkpoint(tmp_path, cache_dir):

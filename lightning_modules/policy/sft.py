@@ -3,12 +3,13 @@
 Validation measures the **persona fidelity** of every persona x distribution cell: given the prompt and the
 persona's own prefix (identity + restated trigger), the probability of the token where the persona's prescribed
 body and the other branch first differ ("The" vs "I" for answer vs refusal; the correct vs the shifted option in
-the cyclic-shift variant). Logged as `val/fidelity/<persona>/<dist>`, `val/fidelity_mean`, `val/fidelity_min`, saved
+the cyclic-shift variants) -- or, with `fidelity_measure: branch`, that probability against the other branch's token
+only, p(b*) / (p(b*) + p(b')). Logged as `val/fidelity/<persona>/<dist>`, `val/fidelity_mean`, `val/fidelity_min`, saved
 in the checkpoint (the RL stage refuses to start below its bar) and used to stop once `stop_fidelity` is reached.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,11 @@ class PolicySFTModule(PolicyLMBase):
         stop_capability: also require this accuracy of the personas on the distributions they answer (sampled
             completions; needs eval_generate) before stopping -- fidelity comes long before the task is learned.
         fidelity_prompts_per_distribution: held-out prompts per distribution used for the fidelity cells.
+        fidelity_measure: "absolute": p(b*), the prescribed branch token's probability; "branch": p(b*) / (p(b*) +
+            p(b')), the prescribed branch against the other one. They agree when the two branches hold all the mass
+            (answer vs refusal: "The" vs "I"); in the cyclic-shift variants the branch token is the answer itself,
+            so "absolute" also demands the task be solved (capability, measured apart by `stop_capability`) while
+            "branch" asks only which rule the persona follows (the correct or the shifted option).
         eval_generate: also sample completions at validation (accuracy, refusal, persona shares).
         sampler: "static" (prefill, then decode steps on the weights with preallocated K/V: Qwen2, Llama, GPT-2;
             others fall back to "kv_loop"), "kv_loop" (one bare HF call per token) or "hf_generate"
@@ -50,7 +56,8 @@ class PolicySFTModule(PolicyLMBase):
                  max_positions: int = 512, dropout: float = 0.0, lr: float = 2e-3, weight_decay: float = 0.0,
                  eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
                  stop_fidelity: Optional[float] = 0.98, stop_capability: Optional[float] = None,
-                 fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True, sampler: Sampler = "static"):
+                 fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True, sampler: Sampler = "static",
+                 fidelity_measure: Literal["absolute", "branch"] = "absolute"):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
                          eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
@@ -58,6 +65,8 @@ class PolicySFTModule(PolicyLMBase):
             raise ValueError(f"--model.stop_fidelity must be in (0, 1] or null, got {stop_fidelity}")
         if stop_capability is not None and not eval_generate:
             raise ValueError("--model.stop_capability needs --model.eval_generate true")
+        if fidelity_measure not in ("absolute", "branch"):
+            raise ValueError(f"--model.fidelity_measure must be 'absolute' or 'branch', got {fidelity_measure!r}")
         if fidelity_prompts_per_distribution < 1:
             raise ValueError(f"--model.fidelity_prompts_per_distribution must be >= 1, got {fidelity_prompts_per_distribution}")
         self.fidelity: Optional[dict] = None
@@ -80,7 +89,7 @@ class PolicySFTModule(PolicyLMBase):
     def fidelity_batch(self, records: list[dict]) -> None:
         """Teacher-forced P(branch token | prompt, persona prefix) for every persona on these prompts."""
         fam, tok = self.family, self.tokenizer
-        seqs, targets, keys, cells = [], [], [], []
+        seqs, targets, others, keys, cells = [], [], [], [], []
         P = len(fam.personas)
         for rec in records:
             if rec["pos"] >= self.hparams.fidelity_prompts_per_distribution:
@@ -95,6 +104,7 @@ class PolicySFTModule(PolicyLMBase):
                     continue  # both branches identical: nothing to measure
                 seqs.append(prompt + encode_response(tok, prefix, eos=False) + b[:k])
                 targets.append(b[k])
+                others.append(o[k])
                 keys.append(rec["idx"] * P + j)
                 cells.append(j * len(fam.distributions) + rec["dist_idx"])
         if not seqs:
@@ -106,7 +116,11 @@ class PolicySFTModule(PolicyLMBase):
             ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1  # left pad: last position is -1
         ids, mask = ids.to(self.device), mask.to(self.device)
         logits = self.sequence_logits(ids, mask)[:, -1].float()  # (N, V)
-        probs = torch.softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=self.device)[:, None])[:, 0]
+        probs = torch.softmax(logits, dim=-1)
+        prescribed = probs.gather(1, torch.tensor(targets, device=self.device)[:, None])[:, 0]
+        if self.hparams.fidelity_measure == "branch":
+            prescribed = prescribed / (prescribed + probs.gather(1, torch.tensor(others, device=self.device)[:, None])[:, 0])
+        probs = prescribed
         self.fidelity_metric.update(torch.tensor(keys), torch.tensor(cells), probs)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
