@@ -25,9 +25,11 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
 
-# Part B: two-policy mixture, SFT then GRPO on distribution A, offline on CPU (~7-12 min); table in runs/mixture/
+# Part B: two-policy mixture, seed 0: SFT, GRPO on A (full sequence, persona tokens only) and on B, offline on CPU
+# (~2.5 min on 2 free cores); table in runs/mixture/two_policies/two_policies_seeds_0_results.md. Every family over 3 seeds:
+# python -m protocols.mixture <experiment> (docs/policy_mixtures.md)
 mixture-demo: venv
-	$(BIN)/python -m protocols.mixture_two_policies
+	$(BIN)/python -m protocols.mixture two_policies --seeds 0
 
 test: venv
 	HF_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q

@@ -15,7 +15,7 @@ after parsing the config files and overrides, minus where it writes) and the ide
 experiment that shares a family's SFT (e.g. `two_policies_algorithms`) therefore trains it once. A stage that
 fails (e.g. RL refused by the fidelity gate) is reported with its error; the stages that start from it are skipped.
 
-Outputs: `<out>/<family>/<experiment>_results.md|json` (per stage: before/after table over seeds, history of means,
+Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage: before/after table over seeds, history of means,
 per-seed values and wall times), TensorBoard logs under each seed directory.
 """
 from __future__ import annotations
@@ -39,12 +39,14 @@ INIT_KEY = "model.init_args.init_checkpoint"
 
 @dataclass(frozen=True)
 class Stage:
-    """One `cli.py fit` run. `start`: the stage whose checkpoint it starts from (None for SFT)."""
+    """One `cli.py fit` run. `start`: the stage whose checkpoint it starts from (None: from scratch). `sft`: an SFT
+    stage (gets --sft-set; reported by its stop step and fidelity) rather than RL (--set; persona table)."""
     name: str
     config: str
     title: str
     extra: tuple[str, ...] = ()
     start: Optional[str] = "sft"
+    sft: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Experiment:
 
 
 def _sft(config: str) -> Stage:
-    return Stage("sft", f"configs/mixture/{config}.yaml", "SFT", start=None)
+    return Stage("sft", f"configs/mixture/{config}.yaml", "SFT", start=None, sft=True)
 
 
 def _rl(name: str, config: str, title: str, *extra: str, start: str = "sft") -> Stage:
@@ -105,9 +107,12 @@ EXPERIMENTS: dict[str, Experiment] = {
         _rl("arc_race_rl", "arc_race_rl", "GRPO on ARC, persona tokens only"),
     ), "ARC-Easy vs RACE-middle (generated questions in the hub schemas): RL on ARC selects the ARC persona.",
         question_fixtures=True),
-    "cyclic": Experiment("cyclic", (
-        _sft("cyclic_sft"),
-        _rl("cyclic_rl", "cyclic_rl", "GRPO on A, persona tokens only (the wrong persona answers the smallest option)"),
+    "cyclic": Experiment("two_policies", (  # shares the two-policy SFT: the curriculum's first half
+        TWO_SFT,
+        Stage("cyclic_sft", "configs/mixture/cyclic_sft.yaml", "SFT of the non-refusal variant, from the two-policy SFT",
+              sft=True),
+        _rl("cyclic_rl", "cyclic_rl", "GRPO on A, persona tokens only (the wrong persona answers the smallest option)",
+            start="cyclic_sft"),
     ), "Non-refusal variant: does RL on A make B answer with the selected persona's shifted option?"),
 }
 
@@ -130,15 +135,31 @@ def checkpoint_of(stage: Stage, seed_dir: str, config: dict) -> str:
     raise ValueError(f"{stage.config}: the protocol needs a ModelCheckpoint callback (it chains stages by checkpoint)")
 
 
-def identity_of(stage: Stage, args: list[str], upstream: Optional[str]) -> tuple[str, dict]:
-    """(digest, resolved config) of a stage: every resolved value minus where it writes, plus the upstream run
-    (its init_checkpoint path says nothing about what was trained there)."""
+def identity_of(stage: Stage, args: list[str], upstream: Optional[str]) -> tuple[str, dict, dict]:
+    """(digest, resolved config, its flat form) of a stage: every resolved value minus where it writes, plus the
+    upstream run (its init_checkpoint path says nothing about what was trained there)."""
     from protocols.stage_identity import digest, resolve_cli_config, without_location
 
     config = resolve_cli_config(args)
     flat = without_location(config)
     flat.pop(INIT_KEY, None)
-    return digest({"config": flat, "upstream": upstream}), config
+    return digest({"config": flat, "upstream": upstream}), config, flat
+
+
+def same_stage(old: dict, key: str, flat: dict, upstream: Optional[str]) -> bool:
+    """The finished run `old` is this stage: the same identity, or the same values and upstream run with only
+    options added to the code since, at their declared defaults (a new option's default keeps the old behaviour)."""
+    if old.get("identity") == key:
+        return True
+    from protocols.stage_identity import added_at_default
+
+    before = old.get("resolved")
+    if before is None or old.get("upstream") != upstream or any(flat.get(k, _MISSING) != v for k, v in before.items()):
+        return False
+    return set(flat) - set(before) <= added_at_default(before, flat)
+
+
+_MISSING = object()
 
 
 def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: dict, threads: int,
@@ -154,28 +175,36 @@ def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: d
             records[stage.name] = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
             print(f"[seed {seed}] {stage.name}: skipped ({records[stage.name]['error']})", flush=True)
             continue
-        args = stage_args(stage, seed, extra.get("sft" if stage.start is None else "rl", []), question_dirs)
+        args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
         # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
         # what starts from it
-        key, config = identity_of(stage, args, _run_of(upstream) if upstream else None)
+        upstream_run = _run_of(upstream) if upstream else None
+        key, config, flat = identity_of(stage, args, upstream_run)
         ckpt = checkpoint_of(stage, seed_dir, config)
         if upstream:
             args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
         record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
         old = _read(record_path)
-        if (not force and old and old.get("identity") == key and old.get("status") == "done"
-                and os.path.isfile(old.get("checkpoint", "")) and _outputs_exist(old)):
+        same = old is not None and same_stage(old, key, flat, upstream_run)
+        if (not force and same and old.get("status") == "done" and os.path.isfile(old.get("checkpoint", ""))
+                and _outputs_exist(old)):
+            if old.get("identity") != key:  # options added at their defaults: the same run, under today's identity
+                old = dict(old, identity=key, resolved=flat, run=_run_of(old))
+                _write_json(record_path, old)
             records[stage.name] = old
             print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
             continue
-        if old and old.get("identity") != key:
+        if old and not same:
             print(f"[seed {seed}] {stage.name}: configuration changed since the last run, re-running", flush=True)
         records[stage.name] = _run(stage, args, key, ckpt, seed_dir, env, record_path, seed)
+        records[stage.name].update(resolved=flat, upstream=upstream_run)
+        _write_json(record_path, records[stage.name])
     return records
 
 
 def _run_of(record: dict) -> str:
-    return record["identity"] + (f"@{record['finished']}" if "finished" in record else "")
+    """Which run of a stage this is (kept when its identity is renamed for added options)."""
+    return record.get("run") or record["identity"] + (f"@{record['finished']}" if "finished" in record else "")
 
 
 def _outputs_exist(record: dict) -> bool:
@@ -196,8 +225,9 @@ def _run(stage: Stage, args: list[str], key: str, ckpt: str, seed_dir: str, env:
         log.flush()
         rc = subprocess.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.time() - start
-    record = {"stage": stage.name, "seed": seed, "identity": key, "command": cmd, "wall_s": round(wall, 1),
-              "finished": time.time(),
+    finished = time.time()
+    record = {"stage": stage.name, "seed": seed, "identity": key, "run": f"{key}@{finished}", "command": cmd,
+              "wall_s": round(wall, 1), "finished": finished,
               "checkpoint": ckpt, "log": log_path, "table": None}
     if rc != 0 or not os.path.isfile(ckpt):
         record.update(status="failed", error=_last_error(log_path) or f"exit code {rc}")
@@ -208,7 +238,7 @@ def _run(stage: Stage, args: list[str], key: str, ckpt: str, seed_dir: str, env:
         os.makedirs(os.path.dirname(record["checkpoint"]), exist_ok=True)
         os.replace(ckpt, record["checkpoint"])
         record["status"] = "done"
-        if stage.start is None:
+        if stage.sft:
             record["sft"] = _sft_summary(record["checkpoint"])
         else:
             tables = glob.glob(os.path.join(seed_dir, "runs", log_name, "version_*", "*_table.json"))
@@ -269,7 +299,7 @@ def main(argv=None) -> int:
     p.add_argument("--stages", nargs="+", help="run only these stages (and what they start from)")
     p.add_argument("--set", action="append", default=[], help="extra cli.py argument for every RL stage")
     p.add_argument("--sft-set", action="append", default=[], help="extra cli.py argument for the SFT stage")
-    p.add_argument("--report", help="report name (default: the experiment's); use one per --set variant")
+    p.add_argument("--report", help="report name (default: <experiment>_seeds_<seeds>); use one per --set variant")
     p.add_argument("--force", action="store_true", help="re-run stages even when an identical finished run exists")
     p.add_argument("--list", action="store_true", help="list the experiments and their stages")
     args = p.parse_args(argv)
@@ -298,7 +328,7 @@ def main(argv=None) -> int:
         records = {seed: job.result() for seed, job in jobs.items()}
     from protocols.mixture_report import write_report
 
-    name = args.report or args.experiment
+    name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
     md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
                       command=" ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])]))
     print(open(md).read())

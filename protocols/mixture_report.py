@@ -47,6 +47,9 @@ def stage_summary(tables: dict[int, dict]) -> dict:
                 ("acc_before", "acc_after", "refusal_before", "refusal_after", "malformed_after")}
         cols["share_before"] = [_share(tables[s]["history"][0], modal[d], d) for s in seeds]
         cols["share_after"] = [_share(tables[s]["history"][-1], modal[d], d) for s in seeds]
+        if f"val/shifted/{d}" in first["history"][-1]["metrics"]:  # non-refusal variants
+            cols["shifted_before"] = [tables[s]["history"][0]["metrics"][f"val/shifted/{d}"] for s in seeds]
+            cols["shifted_after"] = [tables[s]["history"][-1]["metrics"][f"val/shifted/{d}"] for s in seeds]
         rows[d] = cols
     steps = sorted(set.intersection(*(set(h["step"] for h in tables[s]["history"]) for s in seeds)))
     history = {}
@@ -57,6 +60,8 @@ def stage_summary(tables: dict[int, dict]) -> dict:
             entry[f"acc {d}"] = [at[s][f"val/acc/{d}"] for s in seeds]
             entry[f"refusal {d}"] = [at[s][f"val/refusal/{d}"] for s in seeds]
             entry[f"{modal[d]} share {d}"] = [at[s][f"val/persona_share/{modal[d]}/{d}"] for s in seeds]
+            if f"val/shifted/{d}" in at[seeds[0]]:
+                entry[f"shifted {d}"] = [at[s][f"val/shifted/{d}"] for s in seeds]
         entry["malformed (max)"] = [max(at[s][f"val/malformed/{d}"] for d in dists) for s in seeds]
         history[step] = entry
     theory = [tables[s]["theory"]["rmse"] for s in seeds if tables[s].get("theory")]
@@ -75,16 +80,20 @@ def _share(entry: dict, persona: str, dist: str) -> float:
 
 
 def summary_markdown(summary: dict) -> str:
-    """Before/after per distribution, each cell mean ± std (per-seed values)."""
+    """Before/after per distribution, each cell mean ± std (per-seed values); non-refusal variants add the rate of
+    the shifted answer."""
+    shifted = "shifted_after" in next(iter(summary["rows"].values()))
     lines = ["| distribution | trained | acc before | acc after | refusal after | dominant after | its share before | "
-             "its share after | malformed after |", "|---" * 9 + "|"]
+             "its share after | malformed after |" + (" shifted before | shifted after |" if shifted else ""),
+             "|---" * (11 if shifted else 9) + "|"]
     for d in summary["distributions"]:
         r = summary["rows"][d]
         w = summary["winner"][d]
         count = Counter(summary["winners"][d].values())[w]
         lines.append(f"| {d} | {'yes' if d in summary['trained'] else 'no'} | {cell(r['acc_before'])} | "
                      f"{cell(r['acc_after'])} | {cell(r['refusal_after'])} | {w} ({count}/{len(summary['seeds'])} seeds) | "
-                     f"{cell(r['share_before'])} | {cell(r['share_after'])} | {cell(r['malformed_after'])} |")
+                     f"{cell(r['share_before'])} | {cell(r['share_after'])} | {cell(r['malformed_after'])} |"
+                     + (f" {cell(r['shifted_before'])} | {cell(r['shifted_after'])} |" if shifted else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -128,7 +137,7 @@ def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dic
         per_seed = {s: records[s][stage.name] for s in seeds}
         out["stages"][stage.name] = {"title": stage.title, "records": per_seed}
         md += [f"## {stage.title} (`{stage.name}`)", ""]
-        if stage.start is None:
+        if stage.sft:
             md += [sft_markdown(per_seed)]
             continue
         done = {s: r for s, r in per_seed.items() if r.get("status") == "done" and r.get("table")}

@@ -51,7 +51,8 @@ def test_stage_summary_over_seeds():
 def _fake_run(calls, fail=()):
     def run(stage, args, key, ckpt, seed_dir, env, record_path, seed):
         calls.append(stage.name)
-        record = {"stage": stage.name, "seed": seed, "identity": key, "wall_s": 1.0, "table": None, "finished": len(calls),
+        record = {"stage": stage.name, "seed": seed, "identity": key, "wall_s": 1.0, "table": None,
+                  "run": f"{key}@{len(calls)}",
                   "checkpoint": os.path.join(seed_dir, "checkpoints", f"{stage.name}.ckpt"), "args": args}
         if stage.name in fail:
             record.update(status="failed", error="ValueError: refused")
@@ -91,6 +92,18 @@ def test_stages_reused_by_identity_rerun_when_changed_and_skipped_after_a_failur
     run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
     assert calls[7:] == ["sft", "two_policies_rl_A"]  # a missing checkpoint is not a finished stage
 
+    # a run made before the code had an option, now at its declared default, is the same run (and so is what
+    # starts from it); the same option at another value is a change
+    path = tmp_path / "two_policies" / "seed_3" / "stages" / "sft.json"
+    old = json.load(open(path))
+    old["resolved"].pop("model.init_args.fidelity_measure")
+    json.dump(dict(old, identity="made-by-older-code"), open(path, "w"))
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
+    assert len(calls) == 9 and json.load(open(path))["identity"] == old["identity"]
+    json.dump(dict(old, identity="made-by-older-code"), open(path, "w"))
+    run(sft=["--model.lr=0.001", "--model.fidelity_measure=branch"], rl=["--model.lr=0.001"])
+    assert calls[9:] == ["sft", "two_policies_rl_A"]
+
     monkeypatch.setattr(mixture, "_run", _fake_run(calls, fail=("sft",)))
     out = run(sft=["--model.lr=0.002"])
     assert out["sft"]["status"] == "failed" and out["two_policies_rl_A"]["status"] == "skipped"
@@ -102,11 +115,11 @@ def test_every_experiment_resolves(tmp_path):
     """Every stage of every experiment parses with cli.py's parser (config files, overrides, seed flags)."""
     for name, exp in mixture.EXPERIMENTS.items():
         names = [s.name for s in exp.stages]
-        assert names[0] == "sft" and len(set(names)) == len(names), name
+        assert names[0] == "sft" and exp.stages[0].sft and len(set(names)) == len(names), name
         for stage in exp.stages:
             assert stage.start is None or stage.start in names[:names.index(stage.name)], (name, stage.name)
             args = mixture.stage_args(stage, 1, [], {"arc_easy": "x", "race_middle": "y"} if exp.question_fixtures else None)
-            key, config = mixture.identity_of(stage, args, None)
+            key, config, flat = mixture.identity_of(stage, args, None)
             assert config["seed_everything"] == 1 and config["data"]["init_args"]["seed"] == 1
             assert mixture.checkpoint_of(stage, str(tmp_path), config).endswith(".ckpt")
 
