@@ -62,6 +62,11 @@ def stage_summary(tables: dict[int, dict]) -> dict:
             entry[f"{modal[d]} share {d}"] = [at[s][f"val/persona_share/{modal[d]}/{d}"] for s in seeds]
             if f"val/shifted/{d}" in at[seeds[0]]:
                 entry[f"shifted {d}"] = [at[s][f"val/shifted/{d}"] for s in seeds]
+        for d in trained:  # the mechanism of erosion: do the other personas still follow their rule where RL trains?
+            for p in _personas(at[seeds[0]], d):
+                key = f"val/persona_refusal/{p}/{d}"
+                if p != modal[d] and key in at[seeds[0]] and len(_personas(at[seeds[0]], d)) <= 3:
+                    entry[f"{p} refuses {d}"] = [at[s][key] for s in seeds]
         entry["malformed (max)"] = [max(at[s][f"val/malformed/{d}"] for d in dists) for s in seeds]
         history[step] = entry
     theory = [tables[s]["theory"]["rmse"] for s in seeds if tables[s].get("theory")]
@@ -69,6 +74,12 @@ def stage_summary(tables: dict[int, dict]) -> dict:
             "rows": rows, "history": history, "theory_rmse": theory,
             "steps": [first["steps"][0], max(tables[s]["steps"][1] for s in seeds)],
             "n_per_distribution": first["n_per_distribution"]}
+
+
+def _personas(metrics: dict, dist: str) -> list[str]:
+    suffix = f"/{dist}"
+    return [k[len("val/persona_share/"):-len(suffix)] for k in metrics
+            if k.startswith("val/persona_share/") and k.endswith(suffix) and not k.endswith(f"/none{suffix}")]
 
 
 def _row(table: dict, dist: str) -> dict:

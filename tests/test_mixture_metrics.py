@@ -27,6 +27,8 @@ def test_counts_and_rates_by_hand():
     assert flat["val/persona_share/Alice/A"] == pytest.approx(2 / 3)
     assert flat["val/persona_share/Alice/B"] == pytest.approx(2 / 4)
     assert flat["val/persona_share/none/B"] == pytest.approx(1 / 4)
+    # each persona's refusals among its own completions: Bob refused his 1 on A, Alice her 2 on B, Bob answered on B
+    assert [flat[f"val/persona_refusal/{p}/{d}"] for p in ("Alice", "Bob") for d in "AB"] == [0.0, 1.0, 1.0, 0.0]
     R, w = persona_rewards(out, [0])  # on A: Alice 2 correct of 2, Bob 0 of 1
     assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([2 / 3, 1 / 3])
 

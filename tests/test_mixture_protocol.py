@@ -14,7 +14,8 @@ def _table(acc_b_after: float, alice_b_after: float, winner_b: str = "Alice") ->
         m = {"val/acc/A": 0.4, "val/acc/B": acc_b, "val/refusal/A": 0.5, "val/refusal/B": 1 - acc_b,
              "val/malformed/A": 0.0, "val/malformed/B": 0.02}
         m.update({"val/persona_share/Alice/A": 0.5, "val/persona_share/Bob/A": 0.5,
-                  "val/persona_share/Alice/B": alice_b, "val/persona_share/Bob/B": 1 - alice_b})
+                  "val/persona_share/Alice/B": alice_b, "val/persona_share/Bob/B": 1 - alice_b,
+                  "val/persona_share/none/A": 0.0, "val/persona_refusal/Bob/A": 1 - acc_b})
         return m
 
     rows = [{"distribution": "A", "trained": True, "acc_before": 0.4, "acc_after": 0.4, "refusal_before": 0.5,
@@ -43,6 +44,8 @@ def test_stage_summary_over_seeds():
     assert s["rows"]["B"]["share_after"] == [0.96, 0.90, 0.40] and s["rows"]["B"]["share_before"] == [0.5] * 3
     assert s["history"][50]["Alice share B"] == [0.96, 0.90, 0.40]
     assert s["history"][50]["malformed (max)"] == [0.02] * 3
+    # the other persona's refusal rate on the trained distribution A (not "none", not the winner Alice)
+    assert s["history"][50]["Bob refuses A"] == [0.98, 0.90, 0.70] and "none refuses A" not in s["history"][50]
     md = summary_markdown(s)
     assert "| B | no | 0.40 ± 0.00 (0.40, 0.40, 0.40) | 0.14 ± 0.14 (0.02, 0.10, 0.30) |" in md
     assert "Alice (2/3 seeds)" in md

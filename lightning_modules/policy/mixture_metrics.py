@@ -75,6 +75,9 @@ class MixtureMetrics(Metric):
             "persona_correct": torch.bincount(
                 d * (P + 1) + persona, weights=rows[:, 2].float(), minlength=D * (P + 1)
             ).view(D, P + 1),
+            "persona_refused": torch.bincount(
+                d * (P + 1) + persona, weights=rows[:, 3].float(), minlength=D * (P + 1)
+            ).view(D, P + 1),
         }
         if self.track_shifted:
             out["shifted"] = torch.bincount(d, weights=rows[:, 6].float(), minlength=D)
@@ -90,8 +93,10 @@ def per_distribution(counts: dict[str, torch.Tensor], num_distributions: int) ->
 
 def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], personas: Sequence[str],
               prefix: str = "val") -> dict[str, float]:
-    """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution and persona
-    shares per distribution."""
+    """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution, persona
+    shares per distribution, and each persona's refusal rate among its own completions there
+    (`persona_refusal/<p>/<d>`; 0 where the persona never spoke): whether a persona still follows its rule on d, e.g.
+    Bob learning to answer the distribution RL trains on."""
     counts = per_distribution(counts, len(distributions))
     out: dict[str, float] = {}
     n = counts["n"].clamp(min=1.0)
@@ -103,6 +108,8 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
             out[f"{prefix}/shifted/{dist}"] = float(counts["shifted"][i] / n[i])
         for j, p in enumerate(personas):
             out[f"{prefix}/persona_share/{p}/{dist}"] = float(counts["persona_counts"][i, j] / n[i])
+            spoke = counts["persona_counts"][i, j].clamp(min=1.0)
+            out[f"{prefix}/persona_refusal/{p}/{dist}"] = float(counts["persona_refused"][i, j] / spoke)
         out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
     return out
 
