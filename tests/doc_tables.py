@@ -59,3 +59,21 @@ def table_differences(documented: dict, measured: dict, tolerance) -> list[str]:
             if got is None or not math.isclose(got, value, rel_tol=0.0, abs_tol=allowed(col, value)):
                 problems.append(f"{row} / {col}: documented {value}, measured {got}")
     return problems
+
+
+MEAN_STD = re.compile(r"^\s*([+\-−]?\d+(?:\.\d+)?)\s*±\s*(\d+(?:\.\d+)?)")
+
+
+def parse_mean_std_table(markdown: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """{row label: {column header: (mean, std)}} for the cells written `mean ± std (per-seed values)` (the multi-seed
+    tables of protocols.mixture_report); other cells are skipped."""
+    lines = [l.strip() for l in markdown.splitlines() if l.strip().startswith("|")]
+    if len(lines) < 3:
+        raise AssertionError(f"not a Markdown table:\n{markdown}")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = {col: (float(m.group(1).replace("−", "-")), float(m.group(2)))
+                          for col, cell in zip(header[1:], cells[1:]) if (m := MEAN_STD.match(cell))}
+    return rows

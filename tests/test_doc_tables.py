@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.doc_tables import ROOT, documented_table, parse_table, table_differences
+from tests.doc_tables import ROOT, documented_table, parse_mean_std_table, parse_table, table_differences
 
 TABLE = """| method | ID acc | WRG | PGR |
 |---|---|---|---|
@@ -32,8 +32,14 @@ def test_table_differences_names_each_cell_out_of_tolerance():
     assert table_differences(doc, run, 1.0) == ["row 'anchor' missing from the run"]
 
 
+def test_parse_mean_std_table_reads_the_multi_seed_cells():
+    rows = parse_mean_std_table("| distribution | acc after | dominant after | share |\n|---|---|---|---|\n"
+                                "| B | 0.66 ± 0.34 (0.26, 0.85, 0.87) | Alice (3/3 seeds) | −0.10 ± 0.02 (1 seed) |\n")
+    assert rows == {"B": {"acc after": (0.66, 0.34), "share": (-0.10, 0.02)}}
+
+
 MARKED = [(os.path.basename(p), name) for p in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
-          for name in re.findall(r"<!-- table: ([\w-]+) -->", open(p, encoding="utf-8").read())]
+          for name in re.findall(r"<!-- table: ([\w.-]+) -->", open(p, encoding="utf-8").read())]
 
 
 @pytest.mark.parametrize("page, name", MARKED, ids=[f"{p}:{n}" for p, n in MARKED])
