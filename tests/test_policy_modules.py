@@ -75,6 +75,26 @@ def test_fidelity_of_a_uniform_model_is_one_over_vocab(cache_dir):
     assert m.fidelity["mean"] == pytest.approx(0.5) and m.fidelity["min"] == pytest.approx(0.5)
 
 
+def test_sft_stop_rule_with_a_bar_on_the_worst_cell():
+    m = PolicySFTModule(stop_fidelity=0.98, stop_capability=0.8, stop_fidelity_min=0.9, **TINY)
+    assert m.reached_stop({"mean": 0.985, "min": 0.92}, 0.81)
+    assert not m.reached_stop({"mean": 0.985, "min": 0.38}, 0.81)  # 6C3 seed 0: the mean passed with a broken cell
+    assert not m.reached_stop({"mean": 0.97, "min": 0.95}, 0.81) and not m.reached_stop({"mean": 0.99, "min": 0.95}, 0.7)
+    assert PolicySFTModule(stop_fidelity=0.98, **TINY).reached_stop({"mean": 0.985, "min": 0.38}, None)  # the default
+    with pytest.raises(ValueError, match="--model.stop_fidelity_min"):
+        PolicySFTModule(stop_fidelity=None, stop_fidelity_min=0.9, **TINY)
+
+
+def test_rl_refuses_a_checkpoint_with_a_broken_cell(tmp_path, cache_dir):
+    ckpt = _sft_ckpt(tmp_path, cache_dir, fidelity=0.99)
+    state = torch.load(ckpt, weights_only=False)
+    state["persona_fidelity"]["min"] = 0.3
+    torch.save(state, ckpt)
+    m = PolicyRLModule(init_checkpoint=ckpt, min_sft_fidelity=0.95, min_sft_fidelity_cell=0.8)
+    with pytest.raises(ValueError, match="cell at fidelity 0.300 < --model.min_sft_fidelity_cell 0.8"):
+        _trainer(1).fit(m, _rl_dm(cache_dir))
+
+
 def test_rl_refuses_low_fidelity_checkpoint(tmp_path, cache_dir):
     ckpt = _sft_ckpt(tmp_path, cache_dir, fidelity=0.5)
     m = PolicyRLModule(init_checkpoint=ckpt, min_sft_fidelity=0.95)

@@ -53,6 +53,8 @@ class PolicyRLModule(PolicyLMBase):
         baseline_momentum: reinforce: EMA momentum of the baseline.
         grad_clip: gradient-norm clip (manual optimization; null = none).
         min_sft_fidelity: refuse to start from a checkpoint whose measured mean persona fidelity is below this.
+        min_sft_fidelity_cell: also refuse when the checkpoint's worst persona x distribution cell is below this (None =
+            the mean alone): a mean can pass while a few of many cells (6C3: 120) still break their persona's rule.
         sampler: rollout / evaluation sampler: "static" (prefill, then decode steps on the weights with
             preallocated K/V: Qwen2, Llama, GPT-2; others fall back to "kv_loop"), "kv_loop" (one bare HF call per
             token) or "hf_generate" (`model.generate`); the same completions to float rounding.
@@ -74,7 +76,8 @@ class PolicyRLModule(PolicyLMBase):
                  scale_rewards: bool = True, clip_eps: Optional[float] = 0.2, inner_steps: int = 1,
                  reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
                  grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95, sampler: Sampler = "static",
-                 shared_prompt_forward: bool = True, reference_in_sampling: bool = False):
+                 shared_prompt_forward: bool = True, reference_in_sampling: bool = False,
+                 min_sft_fidelity_cell: Optional[float] = None):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
                          eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
@@ -94,6 +97,8 @@ class PolicyRLModule(PolicyLMBase):
             raise ValueError(f"--model.baseline_momentum must be in [0, 1), got {baseline_momentum}")
         if not 0 <= min_sft_fidelity <= 1:
             raise ValueError(f"--model.min_sft_fidelity must be in [0, 1], got {min_sft_fidelity}")
+        if min_sft_fidelity_cell is not None and not 0 <= min_sft_fidelity_cell <= 1:
+            raise ValueError(f"--model.min_sft_fidelity_cell must be in [0, 1] or null, got {min_sft_fidelity_cell}")
         if init_checkpoint is None and min_sft_fidelity > 0:
             raise ValueError("--model.init_checkpoint is required (RL starts from an SFT checkpoint); "
                              "set --model.min_sft_fidelity 0 to start from a fresh model anyway")
@@ -119,6 +124,14 @@ class PolicyRLModule(PolicyLMBase):
             if fid is None:
                 raise ValueError(f"--model.init_checkpoint {self.hparams.init_checkpoint!r} carries no measured persona "
                                  "fidelity (train it with PolicySFTModule), or set --model.min_sft_fidelity 0")
+            cell = self.hparams.min_sft_fidelity_cell
+            if cell is not None and fid["min"] < cell:
+                raise ValueError(
+                    f"--model.init_checkpoint {self.hparams.init_checkpoint!r} has a persona x distribution cell at "
+                    f"fidelity {fid['min']:.3f} < --model.min_sft_fidelity_cell {cell} (mean {fid['mean']:.3f}): some "
+                    "persona does not yet follow its rule there, so RL would change the policies rather than select one. "
+                    "Train SFT longer (--model.stop_fidelity_min)."
+                )
             if fid["mean"] < bar:
                 raise ValueError(
                     f"--model.init_checkpoint {self.hparams.init_checkpoint!r} has persona fidelity {fid['mean']:.3f} "

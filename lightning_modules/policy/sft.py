@@ -38,6 +38,9 @@ class PolicySFTModule(PolicyLMBase):
         max_new_tokens: generation budget per completion.
         init_checkpoint: optional checkpoint (of these modules) to start from.
         stop_fidelity: stop training once the mean persona fidelity reaches this (None = never).
+        stop_fidelity_min: also require every persona x distribution cell's fidelity to reach this before stopping
+            (None = the mean alone decides): with many cells (6C3: 120) the mean can pass while a few cells are
+            still wrong, and RL then starts from personas that do not follow their rules there.
         stop_capability: also require this accuracy of the personas on the distributions they answer (sampled
             completions; needs eval_generate) before stopping -- fidelity comes long before the task is learned.
         fidelity_prompts_per_distribution: held-out prompts per distribution used for the fidelity cells.
@@ -57,12 +60,15 @@ class PolicySFTModule(PolicyLMBase):
                  eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
                  stop_fidelity: Optional[float] = 0.98, stop_capability: Optional[float] = None,
                  fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True, sampler: Sampler = "static",
-                 fidelity_measure: Literal["absolute", "branch"] = "absolute"):
+                 fidelity_measure: Literal["absolute", "branch"] = "absolute", stop_fidelity_min: Optional[float] = None):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
                          eval_temperature, max_new_tokens, init_checkpoint, sampler)
         self.save_hyperparameters()
         if stop_fidelity is not None and not 0 < stop_fidelity <= 1:
             raise ValueError(f"--model.stop_fidelity must be in (0, 1] or null, got {stop_fidelity}")
+        if stop_fidelity_min is not None and (stop_fidelity is None or not 0 < stop_fidelity_min <= 1):
+            raise ValueError(f"--model.stop_fidelity_min must be in (0, 1] and needs --model.stop_fidelity, got "
+                             f"{stop_fidelity_min} (stop_fidelity {stop_fidelity})")
         if stop_capability is not None and not eval_generate:
             raise ValueError("--model.stop_capability needs --model.eval_generate true")
         if fidelity_measure not in ("absolute", "branch"):
@@ -154,9 +160,15 @@ class PolicySFTModule(PolicyLMBase):
         if self.trainer.sanity_checking:
             return
         self.log_dict(flat, sync_dist=True)  # gathered by the metrics, equal on every rank (see finish_evaluation)
-        stop, cap = self.hparams.stop_fidelity, self.hparams.stop_capability
-        if stop is not None and self.fidelity["mean"] >= stop and (cap is None or capability >= cap):
+        if self.reached_stop(self.fidelity, capability):
             self.trainer.should_stop = True
+
+    def reached_stop(self, fidelity: dict, capability: Optional[float]) -> bool:
+        """The stop rule: mean fidelity >= stop_fidelity, and (when set) every cell >= stop_fidelity_min and the
+        capability >= stop_capability."""
+        stop, cap, cell = self.hparams.stop_fidelity, self.hparams.stop_capability, self.hparams.stop_fidelity_min
+        return (stop is not None and fidelity["mean"] >= stop and (cap is None or capability >= cap)
+                and (cell is None or fidelity["min"] >= cell))
 
     def capability(self, counts: dict) -> float:
         """Accuracy of the completions whose persona answers that distribution (the policies' skill)."""
