@@ -25,11 +25,11 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
 
-# Part B: two-policy mixture, seed 0: SFT, GRPO on A (full sequence, persona tokens only) and on B, offline on CPU
-# (~2.5 min on 2 free cores); table in runs/mixture/two_policies/two_policies_seeds_0_results.md. Every family over 3 seeds:
-# python -m protocols.mixture <experiment> (docs/policy_mixtures.md)
+# Part B: the two-policy mixture over seeds 0 1 2 (SFT; GRPO on A full-sequence and persona tokens only; GRPO on B),
+# offline on CPU, ~4 min on 2 quiet cores; table in runs/mixture/two_policies/two_policies_seeds_0-1-2_results.md.
+# Every other family: python -m protocols.mixture <experiment> (docs/policy_mixtures.md)
 mixture-demo: venv
-	$(BIN)/python -m protocols.mixture two_policies --seeds 0
+	$(BIN)/python -m protocols.mixture two_policies
 
 test: venv
 	HF_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q

@@ -86,6 +86,18 @@ EXPERIMENTS: dict[str, Experiment] = {
         _rl("two_policies_rl_A_reinforce", "two_policies_rl_A", "REINFORCE with an EMA baseline, β = 0",
             "--model.algorithm=reinforce"),
     ), "Full-sequence RL on A, same steps and learning rate: the algorithm and the KL."),
+    "two_policies_selection": Experiment("two_policies", (
+        TWO_SFT,
+        _rl("two_policies_rl_A_lr3e-4", "two_policies_rl_A", "GRPO, lr 3e-4 (3x), 200 steps, evaluated every 10",
+            "--model.lr=3e-4", "--trainer.max_steps=200", "--trainer.val_check_interval=10"),
+        _rl("two_policies_rl_A_T0.5", "two_policies_rl_A", "GRPO, sampling temperature 0.5, evaluated every 10",
+            "--model.temperature=0.5", "--trainer.val_check_interval=10"),
+        _rl("two_policies_rl_A_reinforce_b0.4", "two_policies_rl_A", "REINFORCE, β = 0.4, evaluated every 10",
+            "--model.algorithm=reinforce", "--model.reference_coef=0.4", "--trainer.val_check_interval=10"),
+        _rl("two_policies_rl_A_select", "two_policies_rl_A_select",
+            "GRPO, lr 3e-4, early stop once < 2 % of A's rollouts refuse (checked every 5 steps)"),
+    ), "Full-sequence GRPO on A: the levers an RL user has (learning rate and steps, temperature, the KL, early "
+       "stopping on the trained distribution's own signal) against the clean-selection target on held-out B."),
     "6c3": Experiment("6c3", (
         _sft("6c3_sft"),
         _rl("6c3_rl_ADF", "6c3_rl_ADF", "GRPO on {A, D, F}, persona tokens only"),
