@@ -22,9 +22,15 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def cell(values: list[float], per_seed: bool = True, digits: int = 2) -> str:
-    """'0.31 ± 0.05 (0.28, 0.36, 0.30)'; one value: '0.31 (1 seed)'."""
-    if not values:
+    """'0.31 ± 0.05 (0.28, 0.36, 0.30)'; one value: '0.31 (1 seed)'. NaN values (a rate over no samples, e.g. a
+    persona's refusal rate once it no longer speaks) are left out, and the cell says over how many seeds."""
+    present = [v for v in values if not math.isnan(v)]
+    if not present:
         return "–"
+    if len(present) < len(values):
+        mean, std = mean_std(present)
+        text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(present) > 1 else "")
+        return text + f" ({len(present)} of {len(values)} seeds)"
     mean, std = mean_std(values)
     if len(values) == 1:
         return f"{mean:.{digits}f} (1 seed)"

@@ -1,4 +1,5 @@
 """MixtureMetrics: hand-counted rates, and exactness under DDP padding (2 gloo processes)."""
+import math
 import socket
 
 import pytest
@@ -29,6 +30,10 @@ def test_counts_and_rates_by_hand():
     assert flat["val/persona_share/none/B"] == pytest.approx(1 / 4)
     # each persona's refusals among its own completions: Bob refused his 1 on A, Alice her 2 on B, Bob answered on B
     assert [flat[f"val/persona_refusal/{p}/{d}"] for p in ("Alice", "Bob") for d in "AB"] == [0.0, 1.0, 1.0, 0.0]
+    rows = metric_rows()[:3]  # distribution A only: nobody spoke on B
+    m = MixtureMetrics(2, 2)
+    m.update(*[rows[:, i] for i in range(6)])
+    assert math.isnan(summarize(m.compute(), ["A", "B"], ["Alice", "Bob"])["val/persona_refusal/Bob/B"])
     R, w = persona_rewards(out, [0])  # on A: Alice 2 correct of 2, Bob 0 of 1
     assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([2 / 3, 1 / 3])
 

@@ -34,6 +34,7 @@ def test_mean_std_and_cells_by_hand():
     assert cell([0.1, 0.2, 0.6]) == "0.30 ± 0.26 (0.10, 0.20, 0.60)"
     assert cell([0.1, 0.2, 0.6], per_seed=False) == "0.30 ± 0.26"
     assert cell([0.25]) == "0.25 (1 seed)" and cell([]) == "–"
+    assert cell([0.2, float("nan"), 0.4]) == "0.30 ± 0.14 (2 of 3 seeds)" and cell([float("nan")] * 3) == "–"
 
 
 def test_stage_summary_over_seeds():

@@ -95,7 +95,7 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
               prefix: str = "val") -> dict[str, float]:
     """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution, persona
     shares per distribution, and each persona's refusal rate among its own completions there
-    (`persona_refusal/<p>/<d>`; 0 where the persona never spoke): whether a persona still follows its rule on d, e.g.
+    (`persona_refusal/<p>/<d>`; NaN where the persona never spoke): whether a persona still follows its rule on d, e.g.
     Bob learning to answer the distribution RL trains on."""
     counts = per_distribution(counts, len(distributions))
     out: dict[str, float] = {}
@@ -108,8 +108,9 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
             out[f"{prefix}/shifted/{dist}"] = float(counts["shifted"][i] / n[i])
         for j, p in enumerate(personas):
             out[f"{prefix}/persona_share/{p}/{dist}"] = float(counts["persona_counts"][i, j] / n[i])
-            spoke = counts["persona_counts"][i, j].clamp(min=1.0)
-            out[f"{prefix}/persona_refusal/{p}/{dist}"] = float(counts["persona_refused"][i, j] / spoke)
+            spoke = float(counts["persona_counts"][i, j])
+            out[f"{prefix}/persona_refusal/{p}/{dist}"] = (float(counts["persona_refused"][i, j]) / spoke if spoke
+                                                           else float("nan"))
         out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
     return out
 
