@@ -69,6 +69,8 @@ def stage_summary(tables: dict[int, dict]) -> dict:
             if f"val/shifted/{d}" in at[seeds[0]]:
                 entry[f"shifted {d}"] = [at[s][f"val/shifted/{d}"] for s in seeds]
         for d in trained:  # the mechanism of erosion: do the other personas still follow their rule where RL trains?
+            if f"val/shifted/{d}" in at[seeds[0]]:
+                continue  # non-refusal variants: no persona refuses, the rate is 0 by construction
             for p in _personas(at[seeds[0]], d):
                 key = f"val/persona_refusal/{p}/{d}"
                 if p != modal[d] and key in at[seeds[0]] and len(_personas(at[seeds[0]], d)) <= 3:
