@@ -13,7 +13,8 @@ import pytest
 
 from tests.doc_tables import ROOT, documented_table, parse_table, table_differences
 
-pytestmark = pytest.mark.slow
+# setup.cfg's 900 s per-test timeout guards the fast suite; these runs take 5-45 min on 2 quiet cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600)]
 
 
 def tolerance(column: str, value: float) -> float:
