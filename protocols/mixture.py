@@ -94,8 +94,12 @@ EXPERIMENTS: dict[str, Experiment] = {
             "--model.temperature=0.5", "--trainer.val_check_interval=10"),
         _rl("two_policies_rl_A_reinforce_b0.4", "two_policies_rl_A", "REINFORCE, β = 0.4, evaluated every 10",
             "--model.algorithm=reinforce", "--model.reference_coef=0.4", "--trainer.val_check_interval=10"),
+        _rl("two_policies_rl_A_beta0.15_200", "two_policies_rl_A", "GRPO, β = 0.15, 200 steps",
+            "--model.reference_coef=0.15", "--trainer.max_steps=200"),
+        _rl("two_policies_rl_A_beta0.4_300", "two_policies_rl_A", "GRPO, β = 0.4, 300 steps",
+            "--model.reference_coef=0.4", "--trainer.max_steps=300"),
         _rl("two_policies_rl_A_select", "two_policies_rl_A_select",
-            "GRPO, lr 3e-4, early stop once < 2 % of A's rollouts refuse (checked every 5 steps)"),
+            "GRPO, early stop once Alice writes >= 95 % of A's rollouts (checked every 5 steps)"),
     ), "Full-sequence GRPO on A: the levers an RL user has (learning rate and steps, temperature, the KL, early "
        "stopping on the trained distribution's own signal) against the clean-selection target on held-out B."),
     "6c3": Experiment("6c3", (
