@@ -26,7 +26,7 @@ demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
 
 # Part B: the two-policy mixture over seeds 0 1 2 (SFT; GRPO on A full-sequence and persona tokens only; GRPO on B),
-# offline on CPU, ~4 min on 2 quiet cores; table in runs/mixture/two_policies/two_policies_seeds_0-1-2_results.md.
+# offline on CPU, 3.4 min on 2 quiet cores; table in runs/mixture/two_policies/two_policies_seeds_0-1-2_results.md.
 # Every other family: python -m protocols.mixture <experiment> (docs/policy_mixtures.md)
 mixture-demo: venv
 	$(BIN)/python -m protocols.mixture two_policies
