@@ -26,6 +26,17 @@ def documented_table(page: str, name: str) -> str:
     return match.group(1)
 
 
+def first_table(markdown: str) -> str:
+    """The first Markdown table of a page (its first run of consecutive `|` lines): a run's report may hold more
+    tables after its headline one."""
+    lines = markdown.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip().startswith("|")), None)
+    if start is None:
+        raise AssertionError(f"no Markdown table in:\n{markdown[:500]}")
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip().startswith("|")), len(lines))
+    return "\n".join(lines[start:end]) + "\n"
+
+
 def parse_table(markdown: str) -> dict[str, dict[str, float]]:
     """{row label: {column header: first number in the cell}}; cells without a number (–, 0 rows) are skipped
     except a bare 0. The first column is the row label."""

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.doc_tables import ROOT, documented_table, parse_mean_std_table, parse_table, table_differences
+from tests.doc_tables import ROOT, documented_table, first_table, parse_mean_std_table, parse_table, table_differences
 
 TABLE = """| method | ID acc | WRG | PGR |
 |---|---|---|---|
@@ -20,6 +20,12 @@ def test_parse_table_takes_the_first_number_of_each_cell():
     assert rows == {"teacher": {"ID acc": 85.7, "WRG": 0.0},
                     "naive": {"ID acc": 89.0, "WRG": 3.3, "PGR": 0.12},
                     "anchor": {"ID acc": 94.0, "WRG": -1.5, "PGR": 0.5}}
+
+
+def test_first_table_stops_at_the_first_table_of_a_report():
+    report = "What to look for: ...\n\n" + TABLE + "\nThe teacher's labels:\n\n| seed | error rate |\n|---|---|\n| 0 | 0.101 |\n"
+    assert first_table(report) == TABLE
+    assert parse_table(first_table(report)) == parse_table(TABLE)  # the second table's rows would be 'seed', '---', '0'
 
 
 def test_table_differences_names_each_cell_out_of_tolerance():
