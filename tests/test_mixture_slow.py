@@ -1,4 +1,5 @@
-"""The documented Part B tables, regenerated over three seeds (slow; `make test-slow`; ≈ 40 min on 2 quiet cores).
+"""The documented Part B tables, regenerated over three seeds (slow; `make test-slow`; 49 min on a fresh clone, 2 cores
+shared with the Part A slow tests).
 
 Every experiment runs by its documented command, `python -m protocols.mixture <experiment>` (seeds 0 1 2, SFT and
 RL seeds both vary), into one temporary root, so the two-policy experiments share their SFT runs as they do in
