@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every benchmark of docs/benchmarks.md, in sequence (they must not overlap: 2 cores), one JSON line each.
+# Every benchmark of docs/benchmarks.md, in sequence (they must not overlap: 2 cores), one JSON line each;
+# then the targets table (PASS / FAIL) from this invocation's JSON files, also written to OUT_DIR/targets.md.
 #   bash benchmarks/run_all.sh [OUT_DIR]      (needs the bench extra: pip install -e '.[bench]')
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +29,6 @@ run anchor_w2s benchmarks/bench_anchor.py --variants w2s_naive w2s_anchor --epoc
 run anchor_copy_2epochs benchmarks/bench_anchor.py --variants naive anchor_copy_cached --epochs 2 --repeats 2 \
     --train-pairs 400
 run grpo_levers benchmarks/profile_steps.py levers --threads 1 --steps 7
+# make demo on a fresh cache (DEMO_BEFORE=<commit> also runs that commit's code, back to back)
+run demo benchmarks/bench_demo.py ${DEMO_BEFORE:+--before "$DEMO_BEFORE"}
+echo >&2; "$PY" benchmarks/targets.py "$OUT" | tee "$OUT/targets.md"

@@ -94,3 +94,34 @@ def test_fit_clock_summary():
     assert out == {"epoch1_step_s_mean": 2.0, "epoch1_step_s_median": 3.0, "epoch1_s": 10.0, "epoch1_cpu_s": 18.0,
                    "epoch2_step_s_mean": 2.1667, "epoch2_step_s_median": 2.0, "epoch2_s": 7.0, "epoch2_cpu_s": 13.0,
                    "fit_train_s": 17.0, "fit_train_cpu_s": 31.0, "steps_per_epoch": 3}
+
+
+def test_targets_table_reads_one_invocation(tmp_path):
+    """run_all.sh's PASS / FAIL table: bars applied to hand-made JSON files; a missing benchmark is "not run"."""
+    import json
+
+    from benchmarks import targets
+
+    def write(name, obj, prefix=""):
+        (tmp_path / f"{name}.json").write_text(prefix + json.dumps(obj) + "\n")
+
+    write("rm_train", {"ratios_vs_trl": {"ours": {"pairs_per_s": 2.71, "per_round": [2.7, 2.49, 2.88]}},
+                       "results": {"ours": {"useful_mfu": {"median": 0.54, "min": 0.5, "max": 0.6}}}})
+    write("rm_eval", {"ratios_vs_trl": {"ours": {"pairs_per_s": 3.0, "per_round": [3.0]}}},
+          prefix="{'eval_loss': 0.1}\n")  # TRL's evaluate line before ours
+    grpo = {f"ours/trl@beta={b}": {"completions_per_s": r, "per_round": [r], "median_step": r}
+            for b, r in (("0", 2.0), ("0.04", 1.99))}
+    write("grpo", {"ratios_vs_trl": grpo, "results": {f"{v}@beta={b}": {"spread": 0.05} for v in ("ours", "trl")
+                                                       for b in ("0", "0.04")}})
+    write("demo", {"target": {"wall_s_median": 200.0}, "tables_equal_docs": False,
+                   "results": {"after": {"cpu_s": {"median": 300.0}}}})
+    text, all_pass = targets.table(str(tmp_path))
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines()[2:]}
+    assert rows["RM training ≥ 2× TRL pairs/s"][2:4] == ["2.71", "PASS"]
+    assert rows["RM eval ≥ 3× TRL pairs/s"][2:4] == ["3", "PASS"]  # the bar is inclusive
+    assert rows["RM training MFU (model FLOPs)"][2:4] == ["0.54", "FAIL"]
+    assert rows["GRPO ≥ 2× TRL completions/s, β = 0"][3] == "PASS"
+    assert rows["GRPO ≥ 2× TRL completions/s, β = 0.04"][3] == "FAIL"
+    assert rows["`make demo` wall s, fresh cache (table = docs)"][3] == "FAIL"  # fast, but the table moved
+    assert rows["data prep: peak RSS at 300k pairs, MB"][3] == "not run"
+    assert not all_pass
