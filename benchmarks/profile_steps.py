@@ -65,6 +65,7 @@ def profile_grpo(args) -> dict:
     import lightning.pytorch as pl
 
     from benchmarks import bench_grpo as G
+    from callbacks.reference_model import ReferenceModelCallback
     from lightning_modules.policy.rl import PolicyRLModule
 
     ns = argparse.Namespace(work_dir=args.work_dir, prompts=4, steps=args.steps, group_size=8)
@@ -74,7 +75,8 @@ def profile_grpo(args) -> dict:
                            reference_coef=args.beta, **G.OURS[args.variant])
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, default_root_dir=tempfile.mkdtemp(prefix="prof_grpo_"))
+                         limit_val_batches=0, default_root_dir=tempfile.mkdtemp(prefix="prof_grpo_"),
+                         callbacks=[ReferenceModelCallback()])  # β > 0: the frozen copy, as cli.py adds it
     prof = cProfile.Profile()
     prof.enable()
     trainer.fit(model, datamodule=dm)
