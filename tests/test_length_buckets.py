@@ -3,7 +3,7 @@ import datasets
 import pytest
 import torch
 
-from datamodules.preference.columns import RaggedColumn, fast_column
+from datamodules.preference.columns import RaggedColumn, fast_column, value_counts
 from lightning_modules.fast.length_buckets import (bucketed_positions, bucketed_scores, is_right_padded, plan_buckets,
                                                    processed_positions)
 from tests.helpers import tiny_data, tiny_model
@@ -108,6 +108,14 @@ def test_fast_column_matches_datasets_after_filter():
     assert fast_column(ds, "n") == [2, 0, 1]
     with pytest.raises(IndexError):
         col[3]
+
+
+def test_value_counts_in_arrow_respect_the_indices_mapping():
+    ds = datasets.Dataset.from_dict({"status": ["ok", "dropped_too_long", "ok", "truncated", "ok"], "n": [0, 1, 2, 3, 4]})
+    assert value_counts(ds, "status") == {"ok": 3, "dropped_too_long": 1, "truncated": 1}
+    kept = ds.filter(lambda n: n >= 2, input_columns="n")  # an indices mapping over the same table
+    assert value_counts(kept, "status") == {"ok": 2, "truncated": 1}
+    assert value_counts(ds.select([]), "status") == {}
 
 
 def test_train_subset_all_with_length_grouping(word_tokenizer_dir, cache_dir):

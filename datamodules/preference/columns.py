@@ -43,3 +43,10 @@ def fast_column(hf_dataset, name: str):
         dtype = np.int32 if len(values) == 0 or values.max(initial=0) < 2**31 else np.int64
         return RaggedColumn(values.astype(dtype), offsets - offsets[0])
     return arr.to_pylist()
+
+
+def value_counts(hf_dataset, name: str) -> dict:
+    """{value: count} of column `name`, counted in Arrow: iterating a `datasets` column decodes row by row
+    (≈ 15 µs a row, 1.6 s for a 100k-pair split's status column on a warm cache)."""
+    arr = hf_dataset.with_format("arrow")[name]
+    return {item["values"].as_py(): item["counts"].as_py() for item in arr.value_counts()}

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.preference.collate import PairCollator
-from datamodules.preference.columns import fast_column
+from datamodules.preference.columns import fast_column, value_counts
 from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
 from datamodules.preference.prepared_index import index_path, read_index, write_index
 from datamodules.preference.label_diagnostics import weak_label_diagnostics
@@ -365,7 +365,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         margins = weak.get("teacher_margins", {}) if weak else {}
         for kind in self._needed_kinds():
             ds, cached = self._tokenized(kind, records[kind], key)
-            counts = Counter(ds["status"])
+            counts = Counter(value_counts(ds, "status"))
             status[kind] = dict(counts)
             ds = ds.filter(lambda s: s != "dropped_too_long", input_columns="status") if counts["dropped_too_long"] else ds
             if len(ds) == 0:
@@ -397,7 +397,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         status: dict[str, dict] = {}
         for kind in self._needed_kinds():
             ds = datasets.load_from_disk(self._tokenized_path(kind, index["fingerprints"][kind], key))
-            counts = Counter(ds["status"])
+            counts = Counter(value_counts(ds, "status"))
             status[kind] = dict(counts)
             ds = ds.filter(lambda s: s != "dropped_too_long", input_columns="status") if counts["dropped_too_long"] else ds
             if len(ds) == 0:
