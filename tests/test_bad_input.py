@@ -91,7 +91,7 @@ def test_crash_while_tokenizing_leaves_no_cache(word_tokenizer_dir, cache_dir, m
     with pytest.raises(KeyboardInterrupt):
         tiny_data(word_tokenizer_dir, cache_dir).prepare_data()
     entries = os.listdir(os.path.join(cache_dir, "tokenized"))
-    assert len(entries) == 2 and not any(".tmp" in e for e in entries)  # two complete splits, nothing partial
+    assert len(entries) == 2 and not any(".tmp" in e or ".raw" in e for e in entries)  # two complete splits, nothing partial
     monkeypatch.setattr(pd.PairTokenizer, "__call__", real)
     dm = tiny_data(word_tokenizer_dir, cache_dir)
     dm.setup("fit")  # the next run completes the cache, reusing the two finished splits
@@ -105,3 +105,11 @@ def test_empty_split_after_caps_is_an_error(word_tokenizer_dir, cache_dir):
     dm = tiny_data(word_tokenizer_dir, cache_dir, source_options=synth_options(n_train=1))
     with pytest.raises(DataError, match="train_teacher"):
         dm.setup("fit")
+
+
+def test_unreadable_parquet_names_the_file(tmp_path):
+    from datamodules.preference.sources import build_source
+
+    (tmp_path / "train_prefs.parquet").write_bytes(b"PAR1 not a parquet file")
+    with pytest.raises(DataError, match=r"train_prefs\.parquet: cannot read parquet"):
+        build_source("ultrafeedback", local_dir=str(tmp_path)).load("train")

@@ -22,6 +22,24 @@ def test_num_proc_gives_the_same_tokenized_splits(word_tokenizer_dir, tmp_path):
                                  "test/synth_helpful_science", "test/synth_helpful_travel"}
 
 
+def test_raw_columns_in_chunks_give_the_same_tokenized_splits(word_tokenizer_dir, tmp_path, monkeypatch):
+    """The raw columns go to disk a chunk of records at a time (bounded memory at 10^5 pairs); chunks of 7 records,
+    with 2 map processes reading them by path, tokenize to the same columns in the same order as one chunk."""
+    import functools
+
+    import datamodules.preference.datamodule as pd
+
+    whole = tiny_data(word_tokenizer_dir, str(tmp_path / "whole"))
+    whole.setup("fit")
+    monkeypatch.setattr(pd, "_raw_columns_on_disk", functools.partial(pd._raw_columns_on_disk, chunk=7))
+    chunked = tiny_data(word_tokenizer_dir, str(tmp_path / "chunked"), num_proc=2)
+    chunked.setup("fit")
+    assert min(len(ds) for ds in chunked.datasets.values()) > 7  # every split spans several chunks
+    assert _columns(chunked) == _columns(whole)
+    leftovers = [e for e in os.listdir(tmp_path / "chunked" / "tokenized") if ".raw" in e or ".tmp" in e]
+    assert leftovers == []  # the raw columns are removed once tokenized
+
+
 def test_num_proc_is_validated(word_tokenizer_dir, cache_dir):
     with pytest.raises(ValueError, match="--data.num_proc"):
         tiny_data(word_tokenizer_dir, cache_dir, num_proc=0)

@@ -283,3 +283,23 @@ def test_hub_id_offline_fails_fast_and_says_how_to_use_local_files(offline_hub):
     assert "could not load 'Anthropic/hh-rlhf' (split 'train')" in message
     assert "--data.local_dirs '{\"hh_helpful\": \"/path/to/dir\"}'" in message
     assert "['test', 'train']" in message and ".jsonl or .parquet" in message
+
+
+@pytest.mark.parametrize("name, split", [("ultrafeedback", "train"), ("pku_saferlhf", "test")])
+def test_hub_rows_stream_to_the_same_records_as_local_files(monkeypatch, name, split):
+    """The hub path decodes a loaded split a batch at a time (not `to_list()` of the whole split): on the same rows
+    it gives the local files' records and drop counts, across batch boundaries."""
+    import datasets
+
+    from datamodules.preference.sources import base
+    from datamodules.preference.sources.base import iter_table
+
+    source = build_source(name)
+    path = next(p for p in (FIXTURES / name).iterdir() if p.stem == source.split_map[split])
+    rows = list(iter_table(str(path)))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+    monkeypatch.setattr(base, "_dataset_rows", lambda ds, batch_size=3, f=base._dataset_rows: f(ds, batch_size))
+    from_hub, from_files = source.load(split), load(name, split)
+    assert len(rows) > 3  # several batches
+    assert from_hub.records == from_files.records and from_hub.dropped == from_files.dropped
+    assert from_hub.origin == f"hub dataset {source.hub_id}"

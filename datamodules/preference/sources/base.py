@@ -5,11 +5,12 @@ turn one raw row into a record of `datamodules.preference.records` -- or into th
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Optional, Union
+from typing import Any, ClassVar, Iterable, Iterator, Optional, Union
 from urllib.parse import quote, unquote
 
 from datamodules.preference.records import CANONICAL_SPLITS
@@ -127,12 +128,15 @@ class PreferenceSource:
                 "the data module carves a validation split from train when a source has none"
             )
         rows, origin = self._read_rows(split)
-        rows = list(rows)
-        if not rows:
+        rows = iter(rows)  # streamed: a raw row is dropped once normalized, not held with the whole file's rows
+        first = next(rows, None)
+        if first is None:
             raise DataError(f"{self.name}: split {split!r} from {origin} has no rows")
-        self.resolve_columns(list(rows[0].keys()), origin)
+        self.resolve_columns(list(first.keys()), origin)
         out = SourceSplit(records=[], origin=origin)
-        for i, row in enumerate(rows):
+        n_rows = 0
+        for i, row in enumerate(itertools.chain([first], rows)):
+            n_rows += 1
             missing = [c for c in self.required_columns if c not in row]
             if missing:
                 raise DataError(f"{self.name}: {origin} row {i} is missing column(s) {missing}")
@@ -144,7 +148,7 @@ class PreferenceSource:
         if not out.records:
             raise DataError(
                 f"{self.name}: split {split!r} from {origin} is empty after filtering "
-                f"({len(rows)} rows, dropped: {dict(out.dropped)})"
+                f"({n_rows} rows, dropped: {dict(out.dropped)})"
             )
         return out
 
@@ -152,10 +156,10 @@ class PreferenceSource:
         hub_split = self.split_map[split]
         if self.local_dir is not None:
             path = find_split_file(self.local_dir, [hub_split, split], self.name)
-            return read_table(path), path
+            return iter_table(path), path
         return self._load_hub(hub_split), f"hub dataset {self.hub_id}"
 
-    def _load_hub(self, hub_split: str) -> list[dict]:
+    def _load_hub(self, hub_split: str) -> Iterator[dict]:
         import datasets
 
         try:
@@ -170,7 +174,14 @@ class PreferenceSource:
                 f"--data.local_dirs '{{\"{self.name}\": \"/path/to/dir\"}}' with one file per split named "
                 f"{sorted(set(self.split_map.values()))} (.jsonl or .parquet)."
             ) from err
-        return ds.to_list()
+        return _dataset_rows(ds)
+
+
+def _dataset_rows(ds, batch_size: int = 1024) -> Iterator[dict]:
+    """A `datasets.Dataset`'s rows as dicts, decoded a batch at a time (not the whole split as one list)."""
+    for batch in ds.iter(batch_size=batch_size):
+        columns = list(batch)
+        yield from (dict(zip(columns, values)) for values in zip(*(batch[c] for c in columns)))
 
 
 def subset_key(subset: Optional[str], row_key: Any) -> str:
@@ -198,18 +209,15 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
     )
 
 
-def read_table(path: str) -> list[dict]:
-    """Rows of a jsonl / json-lines / JSON-array or parquet file; a malformed line is reported with its number."""
+def iter_table(path: str) -> Iterator[dict]:
+    """Rows of a jsonl / json-lines / JSON-array or parquet file, one at a time (parquet a batch at a time), so the
+    raw file is never held whole; a malformed line is reported with its number."""
     if path.endswith(".json") and _starts_with(path, "["):
-        return _read_json_array(path)
+        yield from _read_json_array(path)
+        return
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as err:
-            raise DataError(f"{path}: cannot read parquet: {err}") from err
-    rows = []
+        yield from _parquet_rows(path)
+        return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -220,8 +228,21 @@ def read_table(path: str) -> list[dict]:
                 raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg} at column {err.colno})") from err
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+            yield row
+
+
+def _parquet_rows(path: str, batch_size: int = 2048) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size)
+        for batch in batches:
+            rows = batch.to_pylist()
+            yield from rows
+    except DataError:
+        raise
+    except Exception as err:
+        raise DataError(f"{path}: cannot read parquet: {err}") from err
 
 
 def _starts_with(path: str, char: str) -> bool:

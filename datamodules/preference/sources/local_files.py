@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 from datamodules.preference.records import CANONICAL_SPLITS, content_key
 from datamodules.preference.sources.base import (
-    SOURCE_PREFIXES, DataError, Drop, find_split_file, read_table, subset_key,
+    SOURCE_PREFIXES, DataError, Drop, find_split_file, iter_table, subset_key,
 )
 from datamodules.preference.sources.hub import HubPreferenceSource, Messages, _text, as_messages
 
@@ -133,7 +133,7 @@ class LocalPreferenceSource(HubPreferenceSource):
 
     def _read_rows(self, split: str):
         path = self.path if os.path.isfile(self.path) else find_split_file(self.path, [split], self.name)
-        return read_table(path), path
+        return iter_table(path), path
 
     def resolve_columns(self, columns: list[str], origin: str) -> None:
         if "chosen" not in columns and "completion" in columns and "label" in columns:
