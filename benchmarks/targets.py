@@ -25,6 +25,15 @@ def rounds(values) -> str:
     return "rounds " + ", ".join(f"{v:g}" for v in values) if values else ""
 
 
+def fit_ratio(pair: str) -> Callable[[dict], tuple[float, str]]:
+    """A whole 2-epoch fit's ratio (`bench_anchor.py --epochs 2`), with each epoch's step ratio and the rounds."""
+    def value(j: dict) -> tuple[float, str]:
+        r = j["ratios"][pair]
+        return r["fit_train_s"], (f"epoch 1 step {r['epoch1_step_s_mean']}×, epoch 2 step {r['epoch2_step_s_mean']}×; "
+                                  f"fit CPU {r['fit_train_cpu_s']}×; fit " + rounds(r["per_round"]["fit_train_s"]))
+    return value
+
+
 # (target, benchmark JSON, bar as text, value(json) -> (figure, detail), passes(figure) -> bool)
 TARGETS: list[tuple[str, str, str, Callable[[dict], tuple[float, str]], Callable[[float], bool]]] = [
     ("RM training ≥ 2× TRL pairs/s", "rm_train", "≥ 2",
@@ -38,18 +47,9 @@ TARGETS: list[tuple[str, str, str, Callable[[dict], tuple[float, str]], Callable
                 f"[{j['results']['ours']['useful_mfu']['min']}, {j['results']['ours']['useful_mfu']['max']}]"),
      lambda v: v >= 0.55),
     ("ANCHOR / naive, frozen prefix (W2S student), 2-epoch fit", "anchor_w2s", "≤ 1.1",
-     lambda j: (j["ratios"]["w2s_anchor/w2s_naive"]["fit_train_s"],
-                f"epoch 1 step {j['ratios']['w2s_anchor/w2s_naive']['epoch1_step_s_mean']}×, epoch 2 step "
-                f"{j['ratios']['w2s_anchor/w2s_naive']['epoch2_step_s_mean']}×; fit "
-                + rounds(j["ratios"]["w2s_anchor/w2s_naive"]["per_round"]["fit_train_s"])),
-     lambda v: v <= 1.1),
+     fit_ratio("w2s_anchor/w2s_naive"), lambda v: v <= 1.1),
     ("ANCHOR / naive, full copy + cache_outputs, 2-epoch fit", "anchor_copy_2epochs", "≤ 1.3",
-     lambda j: (j["ratios"]["anchor_copy_cached/naive"]["fit_train_s"],
-                f"epoch 1 step {j['ratios']['anchor_copy_cached/naive']['epoch1_step_s_mean']}×, epoch 2 step "
-                f"{j['ratios']['anchor_copy_cached/naive']['epoch2_step_s_mean']}×; fit CPU "
-                f"{j['ratios']['anchor_copy_cached/naive']['fit_train_cpu_s']}×; fit "
-                + rounds(j["ratios"]["anchor_copy_cached/naive"]["per_round"]["fit_train_s"])),
-     lambda v: v <= 1.3),
+     fit_ratio("anchor_copy_cached/naive"), lambda v: v <= 1.3),
     ("ANCHOR peak RSS, LoRA adapters off / naive LoRA", "anchor", "≤ 1.1",
      lambda j: (j["ratios"]["anchor_lora/naive_lora"]["fit_peak_rss_mb"],
                 f"fit increment {j['ratios']['anchor_lora/naive_lora']['fit_increment_mb']}×"),
