@@ -235,12 +235,8 @@ def _parquet_rows(path: str, batch_size: int = 2048) -> Iterator[dict]:
     import pyarrow.parquet as pq
 
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size)
-        for batch in batches:
-            rows = batch.to_pylist()
-            yield from rows
-    except DataError:
-        raise
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+            yield from batch.to_pylist()
     except Exception as err:
         raise DataError(f"{path}: cannot read parquet: {err}") from err
 
