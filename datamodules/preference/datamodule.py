@@ -31,7 +31,7 @@ from datamodules.preference.columns import fast_column, value_counts
 from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
 from datamodules.preference.prepared_index import index_path, read_index, write_index
 from datamodules.preference.label_diagnostics import weak_label_diagnostics
-from datamodules.preference.records import fingerprint
+from datamodules.preference.records import RECORD_KEYS, fingerprint
 from datamodules.preference.samplers import LengthGroupedSampler
 from datamodules.preference.sources import DataError, build_source
 from datamodules.tokenizers import load_tokenizer
@@ -508,7 +508,7 @@ def _raw_columns_on_disk(records: list[dict], directory: str, chunk: int = 20_00
     import datasets
 
     def table(start: int, rows: list[dict], features=None):
-        columns = {k: [r[k] for r in rows] for k in ("id", "source", "split", "prompt", "chosen", "rejected")}
+        columns = {k: [r[k] for r in rows] for k in RECORD_KEYS}
         return datasets.Dataset.from_dict({**columns, "index": list(range(start, start + len(rows)))}, features=features)
 
     if not records:

@@ -134,9 +134,7 @@ class PreferenceSource:
             raise DataError(f"{self.name}: split {split!r} from {origin} has no rows")
         self.resolve_columns(list(first.keys()), origin)
         out = SourceSplit(records=[], origin=origin)
-        n_rows = 0
         for i, row in enumerate(itertools.chain([first], rows)):
-            n_rows += 1
             missing = [c for c in self.required_columns if c not in row]
             if missing:
                 raise DataError(f"{self.name}: {origin} row {i} is missing column(s) {missing}")
@@ -148,7 +146,7 @@ class PreferenceSource:
         if not out.records:
             raise DataError(
                 f"{self.name}: split {split!r} from {origin} is empty after filtering "
-                f"({n_rows} rows, dropped: {dict(out.dropped)})"
+                f"({i + 1} rows, dropped: {dict(out.dropped)})"
             )
         return out
 
