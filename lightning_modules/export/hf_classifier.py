@@ -64,8 +64,9 @@ def check_classifier_source(backbone: str, flag: str) -> None:
                          f"directory {path!r} (give the save_pretrained directory of a …ForSequenceClassification)")
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
-        raise ValueError(f"{flag} {backbone!r}: {path!r} has no config.json: not a transformers model directory "
-                         "(give the save_pretrained directory of a …ForSequenceClassification)")
+        raise ValueError(f"{flag} {backbone!r}: the folder {path!r} has no config.json (it holds: {_listing(path)}): "
+                         "not a transformers model directory (give the save_pretrained directory of a "
+                         "…ForSequenceClassification)")
     with open(config) as f:
         architectures = json.load(f).get("architectures") or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -74,6 +75,14 @@ def check_classifier_source(backbone: str, flag: str) -> None:
                          "pooling or an encoder is loaded by its model card's code instead (docs/export.md)")
     if not any(f.endswith((".safetensors", ".bin", ".index.json")) for f in os.listdir(path)):
         raise ValueError(f"{flag} {backbone!r}: {path!r} has no weights (*.safetensors / *.bin)")
+
+
+def _listing(path: str, limit: int = 12) -> str:
+    """The folder's entries, sorted, folders with a trailing slash, at most `limit` of them."""
+    names = sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in os.listdir(path))
+    if not names:
+        return "nothing"
+    return ", ".join(names[:limit]) + (f", … ({len(names) - limit} more)" if len(names) > limit else "")
 
 
 def check_classifier_options(backbone: str, **options: Any) -> None:

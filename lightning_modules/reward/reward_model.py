@@ -21,7 +21,8 @@ from lightning_modules.fast.frozen_prefix import FrozenPrefix, upper_hidden_stat
 from lightning_modules.fast.last_token_scoring import last_token_hidden, supports_last_token_scoring
 from lightning_modules.fast.length_buckets import bucketed_scores
 from lightning_modules.export.hf_classifier import (
-    check_classifier_options, classifier_rewards, classifier_source, is_hf_classifier, load_hf_classifier,
+    check_classifier_options, check_classifier_source, classifier_rewards, classifier_source, is_hf_classifier,
+    load_hf_classifier,
 )
 from lightning_modules.reward.backbones import (
     QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, limit_vocabulary,
@@ -118,6 +119,8 @@ class RewardModelModule(LightningModule):
         classifier = is_hf_classifier(backbone)
         if classifier:
             check_classifier_options(backbone, **{k: v for k, v in self.hparams.items() if k != "backbone"})
+            # before its tokenizer loads: a folder without config.json would fail there, naming neither
+            check_classifier_source(backbone, "--model.backbone")
         from datamodules.tokenizers import load_tokenizer  # light import; avoids a cycle at package import
 
         self.tokenizer_name = tokenizer or (classifier_source(backbone) if classifier else backbone)
@@ -359,6 +362,10 @@ class RewardModelModule(LightningModule):
     def _freeze_lower_layers(self, k: int) -> None:
         if k <= 0:
             return
+        depth = len(_transformer_layers(self.backbone))
+        if k > depth:  # slicing would freeze all `depth` layers and train the head alone, without a word
+            raise ValueError(f"--model.freeze_layers {k} exceeds the depth of --model.backbone "
+                             f"{self.hparams.backbone!r}: it has {depth} transformer layer(s); choose 0..{depth}")
         for embedding in _embedding_modules(self.backbone):
             embedding.requires_grad_(False)
         for layer in _transformer_layers(self.backbone)[:k]:
