@@ -109,7 +109,7 @@ def load_checked(path: str, flag: str, expected: Iterable[str]) -> dict[str, Any
     """
     verify_archive(path, flag)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # tensors read as used
     except (RuntimeError, pickle.UnpicklingError, EOFError, AttributeError, ModuleNotFoundError) as err:
         raise CheckpointError(f"{flag} {path!r} does not load: {type(err).__name__}: {str(err)[:300]}") from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
 from typing import Optional
@@ -122,6 +123,7 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
     swaps = [swap_order(r["id"], seed) for r in student_records]
     margins = score_pairs(model, tokenizer, student_records, swaps, max_length, truncation, batch_size)
     labels = {r["id"]: [float(torch.sigmoid(torch.tensor(m))), s] for r, m, s in zip(student_records, margins, swaps)}
+    check_informative(margins, [q for q, _ in labels.values()], teacher_name(teacher_checkpoint))
     teacher_margins = {}
     for split, recs in test_records.items():
         m = score_pairs(model, tokenizer, recs, [False] * len(recs), max_length, truncation, batch_size)
@@ -140,6 +142,7 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
 def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint"):
     """The teacher as a `RewardModelModule`: loaded from a checkpoint, or an outside `hf_classifier:` model built as
     `cli.py test` builds it (`classifier_init_args`)."""
+    from lightning_modules.checkpoint_checks import REWARD_CLASSES, load_checked
     from lightning_modules.export.hf_classifier import (
         check_classifier_source, classifier_init_args, is_hf_classifier,
     )
@@ -152,6 +155,8 @@ def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint
         except (OSError, ValueError) as err:
             raise ValueError(f"{flag} {teacher_checkpoint!r}: not a sequence-classification reward model that "
                              f"loads: {err}") from err
+    # intact, a reward model's, finite: a corrupt or diverged teacher would label silently (all q = 0.5, or NaN)
+    load_checked(teacher_checkpoint, flag, REWARD_CLASSES)
     try:
         return RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
     except (pickle.UnpicklingError, KeyError, RuntimeError, TypeError) as e:
@@ -170,3 +175,53 @@ def teacher_name(teacher_checkpoint: str) -> str:
 def gold_agreement(labels: dict) -> float:
     """Share of pairs whose weak label picks the gold-chosen response (q > 0.5 exactly when a = chosen)."""
     return sum((q > 0.5) != bool(s) for q, s in labels.values()) / max(len(labels), 1)
+
+
+class UninformativeLabels(ValueError):
+    """Weak labels that cannot teach a student anything; the message names the teacher."""
+
+
+def check_informative(margins: Optional[list[float]], qs: list[float], teacher: str, where: str = "") -> None:
+    """Refuse weak labels that carry no information before a student trains on them.
+
+    Args:
+        margins: the teacher's margins on the student half (None when only the labels are known: a cached file).
+        qs: the labels q = σ(margin), one per pair.
+        teacher: the teacher checkpoint (named in the message).
+        where: the label file, when the labels were read from one.
+
+    A NaN / inf margin (a diverged or corrupt teacher) turns into a NaN loss or a constant label; every q equal
+    (e.g. 0.5 for all pairs: a teacher whose head is zero, or weights overwritten) trains the student on nothing
+    while the protocol reports it as a W2S student. Both fail here, not after the student's training.
+    """
+    source = f" (label file {where})" if where else ""
+    values = list(margins) if margins is not None else list(qs)
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad or any(not math.isfinite(q) for q in qs):
+        raise UninformativeLabels(
+            f"--data.teacher_checkpoint {teacher}: {len(bad) or 'some'} of {len(values)} teacher margins / labels "
+            f"are NaN or infinite{source}; a diverged or corrupt teacher? Retrain or pick an earlier checkpoint")
+    if len(qs) > 1 and max(qs) - min(qs) <= 1e-7:
+        raise UninformativeLabels(
+            f"--data.teacher_checkpoint {teacher}: every one of the {len(qs)} weak labels is q = {qs[0]:.6f}{source}: "
+            "the teacher scores every response alike, so its labels carry no information (an untrained or "
+            "corrupt teacher?)")
+
+
+def read_weak_labels(path: str, flag: str = "--data.weak_labels") -> dict:
+    """A weak-label file (as `compute_weak_labels` writes it), refused when its labels carry no information.
+
+    Args:
+        path: the JSON label file (a cached one, or one given by `--data.weak_labels`).
+        flag: the option that named it, for the messages.
+    """
+    try:
+        with open(path) as f:
+            payload = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{flag} {path!r} is not a readable weak-label file: {type(err).__name__}: {err}") from err
+    if not isinstance(payload, dict) or not isinstance(payload.get("labels"), dict):
+        raise ValueError(f"{flag} {path!r} holds no 'labels' mapping: not a weak-label file")
+    teacher = (payload.get("meta") or {}).get("teacher_checkpoint", "(not recorded)")
+    check_informative(None, [float(v[0]) for v in payload["labels"].values()], teacher, path)
+    return payload

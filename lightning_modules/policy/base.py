@@ -13,6 +13,7 @@ from typing import Literal, Optional
 import torch
 from lightning.pytorch import LightningModule
 
+from lightning_modules.checkpoint_checks import POLICY_CLASSES, load_checked
 from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
@@ -98,7 +99,9 @@ class PolicyLMBase(LightningModule):
         hp = dict(self.hparams)
         ckpt = None
         if hp.get("init_checkpoint"):
-            ckpt = torch.load(hp["init_checkpoint"], map_location="cpu", weights_only=False)
+            # intact, a policy's, finite: a reward model's checkpoint would otherwise fail as a hub download of
+            # its backbone, a truncated one as a raw PytorchStreamReader error naming neither file nor flag
+            ckpt = load_checked(hp["init_checkpoint"], "--model.init_checkpoint", POLICY_CLASSES)
             self._check_checkpoint(ckpt)
             for k in ("backbone", "n_layer", "n_embd", "n_head", "max_positions"):  # the checkpoint's architecture
                 hp[k] = ckpt["hyper_parameters"].get(k, hp[k])
