@@ -11,12 +11,16 @@ held-out questions). Stages are `python cli.py fit --config configs/mixture/<con
 run in parallel (`--jobs`; `OMP_NUM_THREADS` = cores / jobs unless set), the stages of one seed in order.
 
 A finished stage is reused only when its identity is unchanged: the fully resolved `cli.py` configuration (every value
-after parsing the config files and overrides, minus where it writes) and the identity of the stage it starts from. An
-experiment that shares a family's SFT (e.g. `two_policies_algorithms`) therefore trains it once. A stage that
-fails (e.g. RL refused by the fidelity gate) is reported with its error; the stages that start from it are skipped.
+after parsing the config files and overrides, minus where it writes), the run of the stage it starts from, and the
+contents behind its data options (`protocols.data_identity`). An experiment that shares a family's SFT (e.g.
+`two_policies_algorithms`) therefore trains it once. A finished stage of another identity is refused, naming the
+differences, unless `--force` (every stage) or `--force <stage> ...` names it: the same rules and code as the W2S
+protocol (`protocols.stage_identity`, docs/reruns.md). One run per family folder at a time (`<out>/<family>/.lock`).
+A stage that fails (e.g. RL refused by the fidelity gate) is reported with its error; the stages that start from it
+are skipped.
 
-Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage: before/after table over seeds, history of means,
-per-seed values and wall times), TensorBoard logs under each seed directory.
+Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage: before/after table over seeds, history
+of means, per-seed values and wall times; one set, swapped in at once), TensorBoard logs under each seed directory.
 """
 from __future__ import annotations
 
@@ -30,7 +34,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # imported where used: the protocol's own module stays light (`--list`)
+    from protocols.stage_identity import ForceSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -151,40 +158,61 @@ def checkpoint_of(stage: Stage, seed_dir: str, config: dict) -> str:
     raise ValueError(f"{stage.config}: the protocol needs a ModelCheckpoint callback (it chains stages by checkpoint)")
 
 
-def identity_of(stage: Stage, args: list[str], upstream: Optional[str]) -> tuple[str, dict, dict]:
-    """(digest, resolved config, its flat form) of a stage: every resolved value minus where it writes, plus the
-    upstream run (its init_checkpoint path says nothing about what was trained there)."""
-    from protocols.stage_identity import digest, resolve_cli_config, without_location
+def identity_of(stage: Stage, args: list[str], upstream: Optional[str], seed_dir: str = ".") -> tuple[dict, dict]:
+    """(identity, resolved config) of a stage: every resolved value minus where it writes, the upstream run (its
+    init_checkpoint path says nothing about what was trained there) and the contents behind its data options
+    (`protocols.data_identity`; relative paths are read from `seed_dir`, the stage's working directory)."""
+    from protocols.data_identity import data_identity
+    from protocols.stage_identity import resolve_cli_config, without_location
 
     config = resolve_cli_config(args)
     flat = without_location(config)
     flat.pop(INIT_KEY, None)
-    return digest({"config": flat, "upstream": upstream}), config, flat
+    return {"config": flat, "upstream": upstream, "data": data_identity(flat, cwd=seed_dir)}, config
 
 
-def same_stage(old: dict, key: str, flat: dict, upstream: Optional[str]) -> bool:
-    """The finished run `old` is this stage: the same identity, or the same values and upstream run with only
-    options added to the code since, at their declared defaults (a new option's default keeps the old behaviour)."""
-    if old.get("identity") == key:
-        return True
-    from protocols.stage_identity import added_at_default
-
-    before = old.get("resolved")
-    if before is None or old.get("upstream") != upstream or any(flat.get(k, _MISSING) != v for k, v in before.items()):
-        return False
-    return set(flat) - set(before) <= added_at_default(before, flat)
+def finished_record(path: str) -> Optional[dict]:
+    """A stage's record when it finished (status done, its checkpoint and table present), else None: a failed or
+    half-lost stage is no finished stage and simply runs again."""
+    old = _read(path)
+    if old is None or old.get("status") != "done" or not os.path.isfile(old.get("checkpoint", "")):
+        return None
+    return old if _outputs_exist(old) else None
 
 
-_MISSING = object()
+def changed_stages(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, extra: dict,
+                   question_dirs: Optional[dict], force: ForceSpec) -> None:
+    """Before any work: every finished stage of every seed whose configuration or data changed, refused at once
+    (unless forced); changes of the upstream run are known only as stages run (`run_seed`)."""
+    from protocols.stage_identity import identity_changes, refusal
+
+    changed = []
+    for seed in seeds:
+        seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
+        for stage in stages:
+            old = finished_record(os.path.join(seed_dir, "stages", f"{stage.name}.json"))
+            if old is None or force.forces(stage.name, seed):
+                continue
+            args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
+            identity, _ = identity_of(stage, args, None, seed_dir)
+            diff = identity_changes(old, {k: v for k, v in identity.items() if k != "upstream"})
+            if diff:
+                changed.append((os.path.join(seed_dir, stage.name), diff))
+    if changed:
+        raise refusal(changed)
 
 
 def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: dict, threads: int,
-             question_dirs: Optional[dict], force: bool) -> dict:
-    """Run (or reuse) every stage of one seed in order; returns {stage name: record}."""
+             question_dirs: Optional[dict], force: ForceSpec) -> dict:
+    """Run (or reuse) every stage of one seed in order; returns {stage name: record}. A finished stage of another
+    identity is refused (`StageChangedError`) unless forced; a stage starting from a forced one follows it."""
+    from protocols.stage_identity import digest, identity_changes, refusal
+
     seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
     os.makedirs(os.path.join(seed_dir, "stages"), exist_ok=True)
     env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
     records: dict[str, dict] = {}
+    forced_runs: set[str] = set()
     for stage in stages:
         upstream = records.get(stage.start) if stage.start else None
         if stage.start and (upstream is None or upstream["status"] != "done"):
@@ -195,40 +223,44 @@ def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: d
         # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
         # what starts from it
         upstream_run = _run_of(upstream) if upstream else None
-        key, config, flat = identity_of(stage, args, upstream_run)
+        identity, config = identity_of(stage, args, upstream_run, seed_dir)
+        key = digest(identity)
         ckpt = checkpoint_of(stage, seed_dir, config)
         if upstream:
             args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
         record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
-        old = _read(record_path)
-        same = old is not None and same_stage(old, key, flat, upstream_run)
-        if (not force and same and old.get("status") == "done" and os.path.isfile(old.get("checkpoint", ""))
-                and _outputs_exist(old)):
-            if old.get("identity") != key:  # options added at their defaults: the same run, under today's identity
-                old = dict(old, identity=key, resolved=flat, run=_run_of(old))
+        old = finished_record(record_path)
+        forced = force.forces(stage.name, seed) or stage.start in forced_runs
+        if old is not None and not forced:
+            diff = identity_changes(old, identity)
+            if diff:
+                raise refusal([(os.path.join(seed_dir, stage.name), diff)])
+            if old.get("digest") != key:  # options added at their defaults: the same run, under today's identity
+                old = dict(old, identity=identity, digest=key, run=_run_of(old))
                 _write_json(record_path, old)
             records[stage.name] = old
             print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
             continue
-        if old and not same:
-            print(f"[seed {seed}] {stage.name}: configuration changed since the last run, re-running", flush=True)
-        records[stage.name] = _run(stage, args, key, ckpt, seed_dir, env, record_path, seed)
-        records[stage.name].update(resolved=flat, upstream=upstream_run)
-        _write_json(record_path, records[stage.name])
+        if forced:
+            forced_runs.add(stage.name)
+        records[stage.name] = _run(stage, args, identity, ckpt, seed_dir, env, record_path, seed)
     return records
 
 
 def _run_of(record: dict) -> str:
     """Which run of a stage this is (kept when its identity is renamed for added options)."""
-    return record.get("run") or record["identity"] + (f"@{record['finished']}" if "finished" in record else "")
+    return record["run"]
 
 
 def _outputs_exist(record: dict) -> bool:
     return record.get("table") is None or os.path.isfile(record["table"])
 
 
-def _run(stage: Stage, args: list[str], key: str, ckpt: str, seed_dir: str, env: dict, record_path: str,
+def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str, env: dict, record_path: str,
          seed: int) -> dict:
+    from protocols.stage_identity import digest
+
+    key = digest(identity)
     log_name = _log_name(args) or f"mixture/{stage.name}"
     shutil.rmtree(os.path.join(seed_dir, "runs", log_name), ignore_errors=True)  # one version per stage and seed
     if os.path.exists(ckpt):
@@ -242,7 +274,8 @@ def _run(stage: Stage, args: list[str], key: str, ckpt: str, seed_dir: str, env:
         rc = subprocess.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.time() - start
     finished = time.time()
-    record = {"stage": stage.name, "seed": seed, "identity": key, "run": f"{key}@{finished}", "command": cmd,
+    record = {"stage": stage.name, "seed": seed, "identity": identity, "digest": key, "run": f"{key}@{finished}",
+              "command": cmd,
               "wall_s": round(wall, 1), "finished": finished,
               "checkpoint": ckpt, "log": log_path, "table": None}
     if rc != 0 or not os.path.isfile(ckpt):
@@ -300,10 +333,9 @@ def _read(path: str) -> Optional[dict]:
 
 
 def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(tmp, path)
+    from datamodules.atomic_files import atomic_write
+
+    atomic_write(path, json.dumps(obj, indent=1, default=str))
 
 
 def main(argv=None) -> int:
@@ -316,7 +348,10 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], help="extra cli.py argument for every RL stage")
     p.add_argument("--sft-set", action="append", default=[], help="extra cli.py argument for the SFT stage")
     p.add_argument("--report", help="report name (default: <experiment>_seeds_<seeds>); use one per --set variant")
-    p.add_argument("--force", action="store_true", help="re-run stages even when an identical finished run exists")
+    p.add_argument("--force", nargs="*", default=None, metavar="STAGE",
+                   help="re-run finished stages instead of reusing them or refusing a changed one: alone, every "
+                        "stage; with names (seed_<k>/<name> for one seed), those stages, and the stages that start "
+                        "from them follow. Give it after the experiment's name.")
     p.add_argument("--list", action="store_true", help="list the experiments and their stages")
     args = p.parse_args(argv)
     if args.list or args.experiment is None:
@@ -329,24 +364,34 @@ def main(argv=None) -> int:
         p.error(f"--seeds repeats a seed: {args.seeds}")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
-    out = os.path.abspath(args.out)
-    question_dirs = None
-    if exp.question_fixtures:
-        from datamodules.triggers.question_fixtures import write_question_fixtures
+    from protocols.run_files import OutDirLock
+    from protocols.stage_identity import ForceSpec
 
-        question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
+    force = ForceSpec(args.force)
+    try:
+        force.check({s.name for s in stages})
+    except ValueError as err:
+        p.error(str(err))
+    out = os.path.abspath(args.out)
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
     extra = {"sft": args.sft_set, "rl": args.set}
     start = time.time()
-    with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-        jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, args.force)
-                for seed in args.seeds}
-        records = {seed: job.result() for seed, job in jobs.items()}
-    from protocols.mixture_report import write_report
+    with OutDirLock(os.path.join(out, exp.family)):  # one run per family folder: its stages and checkpoints
+        question_dirs = None
+        if exp.question_fixtures:
+            from datamodules.triggers.question_fixtures import write_question_fixtures
 
-    name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
-    md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
-                      command=" ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])]))
+            question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
+        changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
+        with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
+            jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
+                    for seed in args.seeds}
+            records = {seed: job.result() for seed, job in jobs.items()}
+        from protocols.mixture_report import write_report
+
+        name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
+        md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
+                          command=" ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])]))
     print(open(md).read())
     print(f"written: {md}")
     failed = [(s, n) for s, recs in records.items() for n, r in recs.items() if r["status"] != "done"]

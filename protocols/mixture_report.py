@@ -13,6 +13,9 @@ import os
 from collections import Counter
 from typing import Optional
 
+from datamodules.atomic_files import atomic_write
+from protocols.run_files import publish_set
+
 
 def mean_std(values: list[float]) -> tuple[float, float]:
     n = len(values)
@@ -146,7 +149,8 @@ def _num(v, digits: int) -> str:
 
 def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dict], wall_s: float,
                  command: str) -> str:
-    """`<family_dir>/<name>_results.md` and `.json`; returns the Markdown path."""
+    """`<family_dir>/<name>_results.md` and `.json`, published as one set (`<name>_results/`, the two names link into
+    it: `run_files.publish_set`); returns the Markdown path."""
     seeds = sorted(records)
     md = [f"# {name}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})", "",
           exp.summary, "", f"Command: `{command}` — wall time {wall_s / 60:.1f} min.", "",
@@ -176,10 +180,11 @@ def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dic
         if summary["theory_rmse"]:
             md += [f"Prop. 2.1 softmax-flow overlay, RMSE of the persona shares: {cell(summary['theory_rmse'], digits=3)}.", ""]
     text = "\n".join(md)
-    os.makedirs(family_dir, exist_ok=True)
-    path = os.path.join(family_dir, f"{name}_results.md")
-    for p, content in ((path, text), (path[:-3] + ".json", json.dumps(out, indent=1, default=str))):
-        with open(p + ".tmp", "w") as f:
-            f.write(content)
-        os.replace(p + ".tmp", p)
-    return path
+
+    def write(folder: str) -> None:
+        atomic_write(os.path.join(folder, "results.md"), text)
+        atomic_write(os.path.join(folder, "results.json"), json.dumps(out, indent=1, default=str))
+
+    publish_set(family_dir, f"{name}_results", write,
+                {f"{name}_results.{ext}": f"{name}_results/results.{ext}" for ext in ("md", "json")})
+    return os.path.join(family_dir, f"{name}_results.md")

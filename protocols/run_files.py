@@ -1,5 +1,5 @@
-"""The files of a protocol run: who may write them (global rank 0) and the lock that keeps a second run off an
-out_dir; atomic writes are `datamodules.atomic_files`.
+"""The files of a protocol run: who may write them (global rank 0), the lock that keeps a second run off an
+out_dir, and its outputs published as one set (`publish_set`); atomic single files are `datamodules.atomic_files`.
 
 Under `--trainer.strategy ddp` Lightning re-executes the whole command line in one child process per extra
 device, so every rank runs the protocol's orchestration (every rank must train and test). Only global rank 0
@@ -11,8 +11,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import warnings
+from typing import Callable
 
 
 def is_global_zero() -> bool:
@@ -96,3 +98,100 @@ def _same_file(fd: int, path: str) -> bool:
         return os.fstat(fd).st_ino == os.stat(path).st_ino
     except FileNotFoundError:
         return False
+
+
+# ---- a run's outputs as one set -------------------------------------------------------------------------------------
+RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two paths in one step
+_AT_FDCWD = -100
+
+
+def publish_set(parent: str, name: str, write: Callable[[str], None], links: dict[str, str] = {}) -> str:
+    """Write a run's outputs as one set: `write(folder)` fills a fresh folder, which then replaces `<parent>/<name>`
+    in one step, so a reader or a rerun sees the old set or the new one, never a mix (a killed writer leaves the old
+    set and an orphan that the next publish removes). `links`: stable names in `parent` (e.g. "results.md") that
+    point into the set (e.g. "results/results.md"), made once. Callers hold the run's lock; returns the set's path.
+
+    The swap is Linux's renameat2(RENAME_EXCHANGE); where a file system lacks it, the old set is renamed aside and
+    the new one renamed in (a killed run in between leaves no set, never a mix; the next publish restores it).
+    """
+    final = os.path.join(parent, name)
+    os.makedirs(parent, exist_ok=True)
+    _recover(parent, name)
+    staging = os.path.join(parent, f".{name}.new-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        write(staging)
+        _sync_tree(staging)
+        if os.path.isdir(final) and not os.path.islink(final):
+            if _exchange(staging, final):
+                shutil.rmtree(staging)  # now holds the old set
+            else:
+                aside = os.path.join(parent, f".{name}.old-{socket.gethostname()}-{os.getpid()}")
+                os.rename(final, aside)
+                os.rename(staging, final)
+                shutil.rmtree(aside)
+        else:
+            if os.path.lexists(final):
+                os.remove(final)
+            os.rename(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for link, target in links.items():
+        _link(os.path.join(parent, link), target)
+    return final
+
+
+def _recover(parent: str, name: str) -> None:
+    """Orphans of a killed publish (callers hold the lock, so no publish is running): a half-written new set is
+    removed; an old set renamed aside is restored when no set stands in its place, else removed."""
+    for entry in sorted(os.listdir(parent)):
+        path = os.path.join(parent, entry)
+        if entry.startswith(f".{name}.new-"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif entry.startswith(f".{name}.old-"):
+            if os.path.isdir(os.path.join(parent, name)):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.rename(path, os.path.join(parent, name))
+
+
+def _exchange(a: str, b: str) -> bool:
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, a.encode(), _AT_FDCWD, b.encode(), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
+
+
+def _sync_tree(folder: str) -> None:
+    """Flush the set's files before it is swapped in: after a power loss the swap never points at empty files."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _link(path: str, target: str) -> None:
+    """`path` -> `target` (relative), replacing an older plain file or folder of that name in one step where possible."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)  # an older layout's real folder (figures/): replaced by the link below
+    tmp = f"{path}.link-{os.getpid()}"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
 import warnings
 from typing import Any
 
@@ -74,14 +75,80 @@ def without_location(config: dict) -> dict[str, Any]:
     return {k: v for k, v in flatten(config).items() if k not in LOCATION_KEYS and not k.endswith(".dirpath")}
 
 
-def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict], model: str | None = None) -> dict:
+def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict], model: str | None = None,
+                   data: dict | None = None) -> dict:
     """What a finished stage's result depends on. `upstream`: producing stage name -> {"identity", "run"}.
     `model`: for an outside model tested as is, the state of its files (`weak_labels.checkpoint_key`: path, sizes,
-    mtimes; a hub id's commit), which its path in the config does not show; absent for stages that fit."""
+    mtimes; a hub id's commit), which its path in the config does not show; absent for stages that fit.
+    `data`: the contents behind the data options (`protocols.data_identity`)."""
     identity = {"config": without_location(config), "checkpoint": checkpoint, "upstream": upstream}
     if model is not None:
         identity["model"] = model
+    if data is not None:
+        identity["data"] = data
     return identity
+
+
+class StageChangedError(ValueError):
+    """A finished stage ran with another identity than the current configuration and data give it."""
+
+
+def identity_changes(finished: dict | None, identity: dict) -> list[str]:
+    """How a finished stage's recorded identity differs from `identity` (only the keys `identity` has), as
+    'dotted.key: old → new' lines; [] when it is the same stage.
+
+    Two differences are no change: a config key made a location key since (logging only), and an option added to
+    the code since the stage ran, at its declared default (the convention for a new option keeps the old behaviour).
+    """
+    if not isinstance(finished, dict) or not isinstance(finished.get("identity"), dict):
+        return ["identity: not recorded (a result of an older protocol version)"]
+    old = {k: finished["identity"].get(k) for k in identity}
+    if isinstance(old.get("config"), dict) and isinstance(identity.get("config"), dict):
+        old["config"] = {k: v for k, v in old["config"].items() if k not in LOCATION_KEYS}
+        new_at_default = added_at_default(old["config"], identity["config"])
+        identity = {**identity, "config": {k: v for k, v in identity["config"].items() if k not in new_at_default}}
+    return identity_diff(old, identity)
+
+
+def only_upstream_changed(diff: list[str]) -> bool:
+    """The stage differs only by the run of a stage it reads: it follows its upstream without being asked."""
+    return bool(diff) and all(line.startswith("upstream.") for line in diff if not line.startswith("... and"))
+
+
+def refusal(changed: list[tuple[str, list[str]]]) -> StageChangedError:
+    """The error for finished stages (named by their folder) whose identity changed, each with its differences."""
+    lines = "\n".join(f"  {where}: " + "; ".join(diff) for where, diff in changed)
+    return StageChangedError(
+        "finished stage(s) ran with another configuration or data than the current one (a stage is reused only "
+        "when its resolved configuration, checkpoint choice, upstream stages and data files are the same):\n"
+        f"{lines}\nRerun with --force to rerun every stage, or --force <stage> ... to rerun the named ones (their "
+        "old outputs are deleted), or use another output folder.")
+
+
+class ForceSpec:
+    """`--force` (every stage), `--force NAME ...` (those stages, every seed; `seed<k>/NAME`: one seed), or absent.
+
+    A forced stage runs again even when its identity is unchanged; a stage that reads it follows (its upstream run
+    changed). A changed stage that is not forced is refused, naming its differences.
+    """
+
+    def __init__(self, names: list[str] | None):
+        self.all = names is not None and len(names) == 0
+        self.names: set[tuple[int | None, str]] = set()
+        for name in names or []:
+            m = re.fullmatch(r"seed_?(\d+)/(.+)", name)
+            self.names.add((int(m.group(1)), m.group(2)) if m else (None, name))
+
+    def __bool__(self) -> bool:
+        return self.all or bool(self.names)
+
+    def check(self, stage_names: set[str], flag: str = "--force") -> None:
+        unknown = sorted({n for _, n in self.names} - stage_names)
+        if unknown:
+            raise ValueError(f"{flag} names unknown stage(s) {unknown}; the stages are {sorted(stage_names)}")
+
+    def forces(self, name: str, seed: int) -> bool:
+        return self.all or (None, name) in self.names or (seed, name) in self.names
 
 
 def digest(identity: dict) -> str:

@@ -7,15 +7,18 @@ An outside reward model (`hf_classifier:<dir or hub id>`, docs/export.md) can be
 (`teacher_pretrained`: its stage is a `cli.py test` only, and the students learn from its labels), and outside
 models can be tested as zero-shot rows beside the students (`zero_shot`).
 
-    python -m protocols.w2s --config configs/experiment/w2s_synthetic.yaml [--force]
+    python -m protocols.w2s --config configs/experiment/w2s_synthetic.yaml [--force [STAGE ...]]
 
 Every stage is an ordinary `cli.py fit` + `cli.py test` (its command lines are written to the stage folder, so any
 stage can be re-run by hand). Before any training, every stage of every seed and method is parsed with `cli.py`'s
 parser and validated. A stage writes `result.json` atomically when it is complete, with its identity (resolved
-configuration, checkpoint choice, upstream stages: `protocols.stage_identity`); a re-run reuses a finished stage
-of the same identity, refuses one of another identity (naming the differing keys) unless `--force`, and a crash
-loses nothing already finished. One run per out_dir at a time (`<out_dir>/.lock`); under DDP every rank trains
-and tests, only global rank 0 writes (`protocols.run_files`). Several seeds per method are reported as mean ± std.
+configuration, checkpoint choice, upstream stages, the contents of the data files it reads:
+`protocols.stage_identity`, `protocols.data_identity`); a re-run reuses a finished stage of the same identity, refuses
+one of another identity (naming the differing keys or files) unless `--force` (every stage) or `--force <stage> ...`
+names it, and a crash loses nothing already finished (docs/reruns.md). One run per out_dir at a time
+(`<out_dir>/.lock`); under DDP every rank trains and tests, only global rank 0 writes (`protocols.run_files`). The
+tables, figures and TensorBoard summaries are published as one set, `<out_dir>/results/`, swapped in at once.
+Several seeds per method are reported as mean ± std.
 """
 from __future__ import annotations
 
@@ -38,9 +41,11 @@ from lightning_modules.export.hf_classifier import (
 )
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
-from protocols.run_files import OutDirLock, is_global_zero, read_json
+from protocols.data_identity import data_identity
+from protocols.run_files import OutDirLock, is_global_zero, publish_set, read_json
 from protocols.stage_identity import (
-    LOCATION_KEYS, added_at_default, digest, identity_diff, resolve_cli_config, stage_identity,
+    ForceSpec, StageChangedError, digest, identity_changes, refusal, resolve_cli_config, stage_identity,
+    without_location,
 )
 
 
@@ -207,6 +212,7 @@ class Stage:
     upstream: tuple[str, ...] = ()
     pretrained: Optional[str] = None  # an outside model tested as is: the stage runs `cli.py test` only
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
+    data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
     @property
     def result_path(self) -> str:
@@ -341,59 +347,42 @@ def _check_data(data: dict) -> None:
 
 
 # ---- reuse or run -------------------------------------------------------------------------------------------------
-class StageChangedError(ValueError):
-    """A finished stage ran with another identity than the current configuration gives it."""
-
-
-def _changes(finished: dict, identity: dict) -> list[str]:
-    """How the finished stage's recorded identity differs from `identity` (only the keys `identity` has)."""
-    if "identity" not in finished:
-        return ["identity: not recorded (a result of an older protocol version)"]
-    old = {k: finished["identity"].get(k) for k in identity}
-    if isinstance(old.get("config"), dict):  # a key made a location key since (logging only) is no change
-        old["config"] = {k: v for k, v in old["config"].items() if k not in LOCATION_KEYS}
-        new_at_default = added_at_default(old["config"], identity["config"])  # an option added to the code since
-        identity = {**identity, "config": {k: v for k, v in identity["config"].items() if k not in new_at_default}}
-    return identity_diff(old, identity)
-
-
-def _refuse(changed: list[tuple[Stage, list[str]]]) -> None:
-    lines = "\n".join(f"  {stage.dir}: " + "; ".join(diff) for stage, diff in changed)
-    raise StageChangedError(
-        f"finished stage(s) ran with another configuration than the current one (a stage is reused only when its "
-        f"resolved configuration, checkpoint choice and upstream stages are the same):\n{lines}\n"
-        "Rerun with --force to replace them (their old outputs are deleted), or use another --out_dir.")
-
-
-def refuse_changed_stages(stages: list[Stage], force: bool) -> None:
-    """All finished stages whose configuration or checkpoint choice changed, named at once before any work
-    (changes of upstream stages are known only as they run: `run_or_reuse`)."""
-    changed = []
+def refuse_changed_stages(stages: list[Stage], force: ForceSpec) -> None:
+    """All finished stages whose configuration, checkpoint choice or data changed, named at once before any work
+    (changes of upstream stages are known only as they run: `run_or_reuse`); forced stages are announced instead."""
+    changed, forced = [], []
     for stage in stages:
         finished = read_json(stage.result_path)
-        if finished is not None:
-            identity = _identity(stage, {})
-            diff = _changes(finished, {k: v for k, v in identity.items() if k != "upstream"})
-            if diff:
-                changed.append((stage, diff))
-    if changed and not force:
-        _refuse(changed)
-    if changed and is_global_zero():
-        print(f"--force: {len(changed)} finished stage(s) of another configuration will run again: "
-              + ", ".join(stage.dir for stage, _ in changed))
+        if finished is None:
+            continue
+        if force.forces(stage.name, stage.seed):
+            forced.append(stage.dir)
+            continue
+        identity = _identity(stage, {})
+        diff = identity_changes(finished, {k: v for k, v in identity.items() if k != "upstream"})
+        if diff:
+            changed.append((stage.dir, diff))
+    if changed:
+        raise refusal(changed)
+    if forced and is_global_zero():
+        print(f"--force: {len(forced)} finished stage(s) will run again: " + ", ".join(forced))
 
 
-def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: bool) -> dict:
+def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpec, forced_runs: set) -> dict:
+    """The stage's finished result when its identity is unchanged, else a fresh run. `forced_runs`: (name, seed) of
+    the stages forced in this invocation; a stage reading one of them follows it (its old result read old outputs)."""
     upstream = {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
                 for name in stage.upstream}
     identity = _identity(stage, upstream)
+    forced = force.forces(stage.name, stage.seed) or any((u, stage.seed) in forced_runs for u in stage.upstream)
     finished = read_json(stage.result_path)
-    if finished is not None:
-        diff = _changes(finished, identity)
+    if finished is not None and not forced:
+        diff = identity_changes(finished, identity)
         if not diff:
             return finished
-        if not force:
-            _refuse([(stage, diff)])
+        raise refusal([(stage.dir, diff)])
+    if forced:
+        forced_runs.add((stage.name, stage.seed))
     if is_global_zero():
         clear_stage_dir(stage.dir)
     run = run_test_stage if stage.pretrained else run_stage
@@ -401,12 +390,14 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: bool) ->
 
 
 def _identity(stage: Stage, upstream: dict) -> dict:
-    """`stage_identity`, plus the state of an outside model's files: its path alone (in the config) would not
-    notice a new export written to the same directory."""
+    """`stage_identity`, plus the state of an outside model's files (its path alone, in the config, would not notice
+    a new export written to the same directory) and the contents behind its data options (`data_identity`)."""
     from datamodules.preference.weak_labels import checkpoint_key
 
     model = checkpoint_key(stage.pretrained, "--teacher_pretrained / --zero_shot") if stage.pretrained else None
-    return stage_identity(stage.config, stage.checkpoint, upstream, model=model)
+    if stage.data is None:  # hashed once per stage and run (file hashes are cached across runs too)
+        stage.data = data_identity(without_location(stage.config))
+    return stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data)
 
 
 def clear_stage_dir(stage_dir: str) -> None:
@@ -496,32 +487,40 @@ def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
 
 
 # ---- the protocol -------------------------------------------------------------------------------------------------
-def run_protocol(p: W2SProtocol, force: bool = False) -> dict:
+def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
     """Every stage, then the results; returns the results (every rank computes the same ones)."""
     from protocols.hparams import write_hparams
-    from protocols.w2s_report import summarize, write_reports
+    from protocols.w2s_report import RESULT_LINKS, RESULTS_DIR, summarize, write_reports
 
+    force = force or ForceSpec(None)
     stages = plan_stages(p)
+    force.check({s.name for s in stages})
     for stage in stages:  # before any work: every stage of every seed and method
         validate_stage(stage)
     rank0 = is_global_zero()
     with OutDirLock(p.out_dir) if rank0 else nullcontext():  # DDP children run inside rank 0's lock
         refuse_changed_stages(stages, force)
-        if rank0:
-            atomic_write_json(asdict(p), os.path.join(p.out_dir, "protocol.json"))
         done: dict[str, dict[int, dict]] = {}
+        forced_runs: set = set()
         for i, stage in enumerate(stages):
             if i and stage.seed != stages[i - 1].seed:  # a seed's data: its prefix hidden states are not reused
                 _release_stores(stages[i - 1].seed)
-            done.setdefault(stage.name, {})[stage.seed] = result = run_or_reuse(stage, done, force)
+            done.setdefault(stage.name, {})[stage.seed] = result = run_or_reuse(stage, done, force, forced_runs)
             if stage.name == "ceiling" and rank0:  # the methods' --model.ceiling_results
                 atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"},
                                   ceiling_results_path(stage))
         _release_stores(stages[-1].seed)
         results = summarize(p, done)
-        if rank0:
-            write_reports(p.out_dir, results)
-            write_hparams(p.out_dir, stages, done, results["id_source"])  # TensorBoard's HPARAMS tab
+        if rank0:  # tables, figures, TensorBoard summary and HPARAMS tab: one set, swapped in at once
+            def write(folder: str) -> None:
+                atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
+                write_reports(folder, results)
+                write_hparams(folder, stages, done, results["id_source"])
+
+            publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
+            for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
+                shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
+            print(results["markdown"])
     return results
 
 
@@ -536,16 +535,17 @@ def _release_stores(seed: int) -> None:
     release_shared_stores()
 
 
-def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, bool]:
+def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec]:
     parser = ArgumentParser(description=__doc__, default_config_files=[])
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(W2SProtocol, as_group=False)
-    parser.add_argument("--force", action="store_true",
-                        help="rerun finished stages whose identity differs from the current configuration's "
-                             "(their old outputs are deleted) instead of refusing them")
+    parser.add_argument("--force", nargs="*", default=None,
+                        help="rerun finished stages instead of reusing or refusing them (their old outputs are "
+                             "deleted): alone, every stage; with names (teacher, ceiling, a method; seed<k>/<name> "
+                             "for one seed), those stages, and the stages that read them follow")
     d = parser.parse_args(args).as_dict()
     d.pop("config", None)
-    force = bool(d.pop("force"))
+    force = ForceSpec(d.pop("force"))
     d["methods"] = [m if isinstance(m, Method) else Method(**m) for m in d["methods"]]
     return W2SProtocol(**d), force
 

@@ -247,8 +247,15 @@ def correlation_line(c: Optional[dict]) -> str:
             f"per seed {seeds}. Negative = more drift goes with lower OOD accuracy.")
 
 
+# The protocol's outputs form one set, `<out_dir>/results/` (`run_files.publish_set`); these stable names in out_dir
+# point into it. TensorBoard's folders (results/summary, results/hparams) get no link: it would list them twice.
+RESULTS_DIR = "results"
+RESULT_LINKS = {name: f"{RESULTS_DIR}/{name}" for name in
+                ("protocol.json", "results.json", "results.csv", "results.md", "figures")}
+
+
 def write_reports(out_dir: str, results: dict) -> None:
-    """results.json / .csv / .md and the figures; global rank 0 only."""
+    """results.json / .csv / .md and the figures into `out_dir` (the set being published); global rank 0 only."""
     atomic_write_json(results, os.path.join(out_dir, "results.json"))
     cols = results["columns"]
     buf = io.StringIO()
@@ -258,7 +265,6 @@ def write_reports(out_dir: str, results: dict) -> None:
         writer.writerow([method] + [_csv_cell(row.get(c), s) for c in cols for s in ("mean", "std")])
     atomic_write(os.path.join(out_dir, "results.csv"), buf.getvalue())
     atomic_write(os.path.join(out_dir, "results.md"), results["markdown"] + "\n")
-    print(results["markdown"])
     write_figures(out_dir, results["rows"], results["targets"])
 
 

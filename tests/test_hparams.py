@@ -94,8 +94,8 @@ def test_protocol_stages_in_the_hparams_tab(tmp_path, word_tokenizer_dir, cache_
     out = cfg["out_dir"]
 
     sessions = _read_sessions(out)
-    assert sorted(sessions) == ["hparams/seed0/anchor", "hparams/seed0/ceiling",
-                                "hparams/seed0/teacher"]  # the stages' own Lightning runs hold none
+    assert sorted(sessions) == ["results/hparams/seed0/anchor", "results/hparams/seed0/ceiling",
+                                "results/hparams/seed0/teacher"]  # the stages' own Lightning runs hold none
     hp = {run.split("/")[-1]: h for run, (h, _) in sessions.items()}
     assert hp["anchor"] == {"method": "anchor", "objective": "SoftBradleyTerry", "objective_args": "{}",
                             "anchor_coef": 1.0, "anchor_layers": "1", "seed": 0.0}
@@ -111,7 +111,7 @@ def test_protocol_stages_in_the_hparams_tab(tmp_path, word_tokenizer_dir, cache_
         for tag, value in values.items():  # the results table's cell (one seed: the mean is the value)
             cell = row[tag[len("w2s/"):]]["mean"]
             assert value == pytest.approx(cell, abs=1e-4) or (math.isnan(cell) and math.isnan(value)), (run, tag)
-    assert sessions["hparams/seed0/teacher"][1]["w2s/nts"] == 0.0
+    assert sessions["results/hparams/seed0/teacher"][1]["w2s/nts"] == 0.0
 
     columns, metrics = _experiment_columns(out)
     assert columns == HPARAM_NAMES

@@ -53,10 +53,13 @@ def test_stage_summary_over_seeds():
 
 
 def _fake_run(calls, fail=()):
-    def run(stage, args, key, ckpt, seed_dir, env, record_path, seed):
+    def run(stage, args, identity, ckpt, seed_dir, env, record_path, seed):
+        from protocols.stage_identity import digest
+
         calls.append(stage.name)
-        record = {"stage": stage.name, "seed": seed, "identity": key, "wall_s": 1.0, "table": None,
-                  "run": f"{key}@{len(calls)}",
+        key = digest(identity)
+        record = {"stage": stage.name, "seed": seed, "identity": identity, "digest": key, "wall_s": 1.0,
+                  "table": None, "run": f"{key}@{len(calls)}",
                   "checkpoint": os.path.join(seed_dir, "checkpoints", f"{stage.name}.ckpt"), "args": args}
         if stage.name in fail:
             record.update(status="failed", error="ValueError: refused")
@@ -69,15 +72,19 @@ def _fake_run(calls, fail=()):
     return run
 
 
-def test_stages_reused_by_identity_rerun_when_changed_and_skipped_after_a_failure(tmp_path, monkeypatch):
+def test_stages_reused_by_identity_refused_when_changed_forced_and_skipped_after_a_failure(tmp_path, monkeypatch):
+    from protocols.stage_identity import ForceSpec, StageChangedError
+
     exp = mixture.EXPERIMENTS["two_policies"]
     stages = mixture._selected(exp, ["two_policies_rl_A"])
     assert [s.name for s in stages] == ["sft", "two_policies_rl_A"]  # and what it starts from
     calls = []
     monkeypatch.setattr(mixture, "_run", _fake_run(calls))
 
-    def run(sft=(), rl=(), force=False):
-        return mixture.run_seed(exp, stages, 3, str(tmp_path), {"sft": list(sft), "rl": list(rl)}, 1, None, force)
+    def run(sft=(), rl=(), force=None):
+        extra = {"sft": list(sft), "rl": list(rl)}
+        mixture.changed_stages(exp, stages, [3], str(tmp_path), extra, None, ForceSpec(force))
+        return mixture.run_seed(exp, stages, 3, str(tmp_path), extra, 1, None, ForceSpec(force))
 
     first = run()
     assert calls == ["sft", "two_policies_rl_A"]
@@ -86,33 +93,51 @@ def test_stages_reused_by_identity_rerun_when_changed_and_skipped_after_a_failur
     assert args[-1] == "--model.init_checkpoint=" + first["sft"]["checkpoint"]  # chained by the recorded file
     run()
     assert calls == ["sft", "two_policies_rl_A"]  # identical: reused
-    run(rl=["--model.lr=0.001"])
-    assert calls[2:] == ["two_policies_rl_A"]  # RL changed: SFT reused
-    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
-    assert calls[3:] == ["sft", "two_policies_rl_A"]  # SFT changed: everything downstream re-runs
-    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=True)
-    assert calls[5:] == ["sft", "two_policies_rl_A"]
+
+    # a changed stage is refused before any work, naming the stage and the key, as in the W2S protocol
+    with pytest.raises(StageChangedError) as err:
+        run(rl=["--model.lr=0.001"])
+    assert "seed_3/two_policies_rl_A: config.model.init_args.lr: 0.0001 → 0.001" in str(err.value)
+    assert "seed_3/sft" not in str(err.value) and "--force" in str(err.value) and len(calls) == 2
+    run(rl=["--model.lr=0.001"], force=["two_policies_rl_A"])
+    assert calls[2:] == ["two_policies_rl_A"]  # forced by name: SFT reused
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=["sft"])
+    assert calls[3:] == ["sft", "two_policies_rl_A"]  # the forced SFT ran again: what starts from it follows
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=[])
+    assert calls[5:] == ["sft", "two_policies_rl_A"]  # --force alone: every stage
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=["seed_4/sft"])
+    assert len(calls) == 7  # another seed's stage: nothing here runs again
+
+    # a lost checkpoint is no finished stage: SFT runs again, and RL, whose upstream run changed, is refused
     os.remove(first["sft"]["checkpoint"])
-    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
-    assert calls[7:] == ["sft", "two_policies_rl_A"]  # a missing checkpoint is not a finished stage
+    with pytest.raises(StageChangedError, match=r"seed_3/two_policies_rl_A: upstream: '[0-9a-f]+@\d+' → '[0-9a-f]+@\d+'"):
+        run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
+    assert calls[7:] == ["sft"]
+    run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"], force=["two_policies_rl_A"])
+    assert calls[8:] == ["two_policies_rl_A"]
 
     # a run made before the code had an option, now at its declared default, is the same run (and so is what
     # starts from it); the same option at another value is a change
     path = tmp_path / "two_policies" / "seed_3" / "stages" / "sft.json"
     old = json.load(open(path))
-    old["resolved"].pop("model.init_args.fidelity_measure")
-    json.dump(dict(old, identity="made-by-older-code"), open(path, "w"))
+    old["identity"]["config"].pop("model.init_args.fidelity_measure")
+    json.dump(dict(old, digest="made-by-older-code"), open(path, "w"))
     run(sft=["--model.lr=0.001"], rl=["--model.lr=0.001"])
-    assert len(calls) == 9 and json.load(open(path))["identity"] == old["identity"]
-    json.dump(dict(old, identity="made-by-older-code"), open(path, "w"))
-    run(sft=["--model.lr=0.001", "--model.fidelity_measure=branch"], rl=["--model.lr=0.001"])
-    assert calls[9:] == ["sft", "two_policies_rl_A"]
+    assert len(calls) == 9 and json.load(open(path))["digest"] != "made-by-older-code"
+    json.dump(dict(old, digest="made-by-older-code"), open(path, "w"))
+    with pytest.raises(StageChangedError, match="model.init_args.fidelity_measure: '\\(absent\\)' → 'branch'"):
+        run(sft=["--model.lr=0.001", "--model.fidelity_measure=branch"], rl=["--model.lr=0.001"])
 
     monkeypatch.setattr(mixture, "_run", _fake_run(calls, fail=("sft",)))
-    out = run(sft=["--model.lr=0.002"])
+    out = run(sft=["--model.lr=0.002"], rl=["--model.lr=0.001"], force=["sft"])
     assert out["sft"]["status"] == "failed" and out["two_policies_rl_A"]["status"] == "skipped"
     assert calls[-1] == "sft"
     assert json.load(open(tmp_path / "two_policies" / "seed_3" / "stages" / "sft.json"))["status"] == "failed"
+    monkeypatch.setattr(mixture, "_run", _fake_run(calls))
+    n = len(calls)  # a failed stage is no finished stage: it runs again without --force; RL read the older SFT
+    with pytest.raises(StageChangedError, match="seed_3/two_policies_rl_A: upstream"):
+        run(sft=["--model.lr=0.002"], rl=["--model.lr=0.001"])
+    assert calls[n:] == ["sft"]
 
 
 def test_every_experiment_resolves(tmp_path):
@@ -123,7 +148,7 @@ def test_every_experiment_resolves(tmp_path):
         for stage in exp.stages:
             assert stage.start is None or stage.start in names[:names.index(stage.name)], (name, stage.name)
             args = mixture.stage_args(stage, 1, [], {"arc_easy": "x", "race_middle": "y"} if exp.question_fixtures else None)
-            key, config, flat = mixture.identity_of(stage, args, None)
+            identity, config = mixture.identity_of(stage, args, None)
             assert config["seed_everything"] == 1 and config["data"]["init_args"]["seed"] == 1
             assert mixture.checkpoint_of(stage, str(tmp_path), config).endswith(".ckpt")
 

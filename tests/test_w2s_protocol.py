@@ -120,7 +120,7 @@ def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, wo
     assert "The teacher's labels on the student half" in md and "Mean [95% t-interval over seeds]" in md
     for name in ("results.csv", "figures/aog_heatmap.png", "figures/nts_bars.png", "figures/drift_vs_ood.png"):
         assert os.path.isfile(os.path.join(out, name)), name
-    assert glob.glob(os.path.join(out, "summary", "events.out.tfevents.*"))
+    assert len(glob.glob(os.path.join(out, "results", "summary", "events.out.tfevents.*"))) == 1
 
 
 def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path, word_tokenizer_dir, cache_dir):
@@ -152,8 +152,10 @@ def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path,
     with pytest.raises(StageChangedError, match="checkpoint: 'last' → 'best'"):
         run_protocol(["--config", _write(tmp_path, dict(cfg, student_checkpoint="best"))])
 
-    # --force reruns the changed stage only; then the new identity is reused.
-    run_protocol(["--config", _write(tmp_path, cfg), "--force"])
+    # --force <stage> reruns the stage it names only; then the new identity is reused.
+    with pytest.raises(ValueError, match=r"--force names unknown stage\(s\) \['nieve'\]"):
+        run_protocol(["--config", _write(tmp_path, cfg), "--force", "nieve"])
+    run_protocol(["--config", _write(tmp_path, cfg), "--force", "naive"])
     after = stamp()
     assert after["teacher"] == before["teacher"] and after["naive"] > before["naive"]
     identity = json.load(open(result["naive"]))["identity"]["config"]
@@ -169,7 +171,7 @@ def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path,
 
 
 def test_an_option_added_since_at_its_default_is_no_change_of_a_finished_stage():
-    from protocols.w2s import _changes
+    from protocols.stage_identity import identity_changes as _changes
 
     data = "datamodules.preference.datamodule.PreferenceDataModule"
     old = {"data.class_path": data, "data.init_args.seed": 0, "trainer.max_epochs": 2}
