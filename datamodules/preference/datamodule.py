@@ -7,9 +7,10 @@ Split layout (all seeded and recorded in `<log_dir>/data_manifest.json` and `<lo
 - test: the source's test split (ID) and the test split of every OOD target, in that order
   (`test_split_names`), each evaluated by `cli.py test` and logged as `test/acc/<source name>`.
 Tokenized splits are cached with `datasets` under `cache_dir`, keyed by the records, the tokenizer and the
-tokenization settings, and written atomically (a crash never leaves a half-written cache). A small index beside
-them (`prepared_index.py`) lets a run with unchanged local files / generator options reload the cache without
-loading the records again.
+tokenization settings, and written atomically (a crash never leaves a half-written cache; the temp folders of a
+killed run are removed by the next, `atomic_files.remove_orphans`; a failed write names the path and the flag that
+chose it). A small index beside them (`prepared_index.py`) lets a run with unchanged local files / generator options
+reload the cache without loading the records again.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import json
 import math
 import os
 import random
-import shutil
 from collections import Counter
 from typing import Optional
 
@@ -26,6 +26,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.atomic_files import atomic_write, naming_write_errors, remove_orphans, remove_path, temp_path
+from datamodules.cache_dir import resolve_cache_dir
 from datamodules.preference.collate import PairCollator
 from datamodules.preference.columns import fast_column, value_counts
 from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
@@ -41,7 +43,7 @@ CACHE_VERSION = "1"
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("SHIFTGEN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shiftgen"))
+    return resolve_cache_dir()[0]
 
 
 def tempered(q: float, temperature: float) -> float:
@@ -177,7 +179,7 @@ class PreferenceDataModule(pl.LightningDataModule):
                 check_checkpoint_file(teacher_checkpoint, "--data.teacher_checkpoint")
         self.source, self.ood_targets = source, list(ood_targets)
         self.tokenizer_name = tokenizer
-        self.cache_dir = cache_dir or default_cache_dir()
+        self.cache_dir, self.cache_dir_origin = resolve_cache_dir(cache_dir)  # the origin is named by write errors
         self.datasets: dict[str, PairDataset] = {}
         self.manifest: dict = {}
         self._tokenizer = None
@@ -275,23 +277,29 @@ class PreferenceDataModule(pl.LightningDataModule):
         path = self._tokenized_path(kind, fingerprint(records), tok_key)
         if os.path.isdir(path):
             return datasets.load_from_disk(path), True
-        raw_dir = f"{path}.raw{os.getpid()}"  # the raw columns on disk, removed below (as atomic_save_dataset's .tmp)
+        # The raw columns on disk (and the map's output beside them), removed below; owner-named, so that the next
+        # run removes them when a SIGKILL skips the `finally`.
+        raw_dir = temp_path(f"{path}.raw")
         try:
-            ds = _raw_columns_on_disk(records, raw_dir)
-            num_proc = min(self.hparams.num_proc, len(ds)) if self.hparams.num_proc > 1 else None  # contiguous shards
-            ds = ds.map(TokenizeWithLength(PairTokenizer(self.tokenizer, self.hparams.max_length,
-                                                         self.hparams.truncation)),
-                        batched=True, batch_size=512, remove_columns=["prompt", "chosen", "rejected"],
-                        load_from_cache_file=False, num_proc=num_proc, desc=f"tokenizing {kind}")
-            if kind.startswith("test/") or kind == "validation":
-                ds = ds.sort("length", reverse=True)  # length-sorted evaluation batches: little padding
-            atomic_save_dataset(ds, path)
+            with naming_write_errors(raw_dir, self.cache_dir_origin):
+                remove_orphans(os.path.dirname(path))
+                ds = _raw_columns_on_disk(records, raw_dir)
+                num_proc = min(self.hparams.num_proc, len(ds)) if self.hparams.num_proc > 1 else None  # contiguous
+                ds = ds.map(TokenizeWithLength(PairTokenizer(self.tokenizer, self.hparams.max_length,
+                                                             self.hparams.truncation)),
+                            batched=True, batch_size=512, remove_columns=["prompt", "chosen", "rejected"],
+                            load_from_cache_file=False, num_proc=num_proc, desc=f"tokenizing {kind}")
+                if kind.startswith("test/") or kind == "validation":
+                    ds = ds.sort("length", reverse=True)  # length-sorted evaluation batches: little padding
+            atomic_save_dataset(ds, path, self.cache_dir_origin)
         finally:
-            shutil.rmtree(raw_dir, ignore_errors=True)
+            remove_path(raw_dir)
         return datasets.load_from_disk(path), False
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node: weak labels and tokenization happen once under DDP.
+        for sub in ("tokenized", "prepared"):  # a killed run's temps, also when nothing is left to write
+            remove_orphans(os.path.join(self.cache_dir, sub))
         if self._prepared_index() is not None:
             return  # every needed split is cached for these inputs
         records, report = self._records()
@@ -331,7 +339,8 @@ class PreferenceDataModule(pl.LightningDataModule):
     def _remember(self, records: dict, report: dict) -> None:
         split_ids = {k: [r["id"] for r in records[k]] for k in ("train_teacher", "train_student")}
         write_index(self._index_path(), {k: fingerprint(v) for k, v in records.items()},
-                    {k: len(v) for k, v in records.items()}, {**report, "split_ids": split_ids})
+                    {k: len(v) for k, v in records.items()}, {**report, "split_ids": split_ids},
+                    chosen_by=self.cache_dir_origin)
 
     def _weak_labels_file(self, records: dict, compute: bool) -> str:
         from datamodules.preference import weak_labels as wl
@@ -428,11 +437,9 @@ class PreferenceDataModule(pl.LightningDataModule):
                        f"truncation {summary}")
         if trainer is None or not trainer.is_global_zero or not log_dir:
             return
-        os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, "data_manifest.json"), "w") as f:
-            json.dump(self.manifest, f, indent=2)
-        with open(os.path.join(log_dir, "splits.json"), "w") as f:
-            json.dump(self._split_ids, f)
+        origin = "the trainer's log_dir (--trainer.default_root_dir / --trainer.logger)"
+        atomic_write(os.path.join(log_dir, "data_manifest.json"), json.dumps(self.manifest, indent=2), origin)
+        atomic_write(os.path.join(log_dir, "splits.json"), json.dumps(self._split_ids), origin)
 
     def _load_weak_labels(self, records: dict) -> Optional[dict]:
         hp = self.hparams
@@ -517,20 +524,29 @@ def _raw_columns_on_disk(records: list[dict], directory: str, chunk: int = 20_00
     for n, start in enumerate(range(0, len(records), chunk)):
         part = table(start, records[start:start + chunk], features)
         features = part.features  # every chunk in the first one's types
-        part.save_to_disk(os.path.join(directory, f"part{n:05d}"))
-        parts.append(datasets.load_from_disk(os.path.join(directory, f"part{n:05d}")))
+        part_dir = os.path.join(directory, f"part{n:05d}")
+        with naming_write_errors(part_dir):  # the caller adds the flag that chose `directory`
+            part.save_to_disk(part_dir)
+        parts.append(datasets.load_from_disk(part_dir))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def atomic_save_dataset(ds, path: str) -> None:
-    """Write to a temporary sibling, then rename: readers see a complete cache or none, never half of one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+def atomic_save_dataset(ds, path: str, chosen_by: Optional[str] = None) -> None:
+    """Write to a temporary sibling, then rename: readers see a complete cache or none, never half of one.
+
+    Args:
+        ds: the dataset to save.
+        path: the final folder.
+        chosen_by: the flag or variable that chose the cache directory, named when the write fails (a full disk).
+    """
+    tmp = temp_path(path)
+    remove_orphans(os.path.dirname(path))
     try:
-        ds.save_to_disk(tmp)
-        os.replace(tmp, path)
+        with naming_write_errors(path, chosen_by):  # the final name: the temp's is an implementation detail
+            ds.save_to_disk(tmp)
+            os.replace(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
         if not os.path.isdir(path):  # another process may have won the race: its cache is complete
             raise
 

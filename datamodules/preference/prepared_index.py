@@ -88,7 +88,10 @@ def read_index(path: Optional[str]) -> Optional[dict]:
         return None
 
 
-def write_index(path: Optional[str], fingerprints: dict[str, str], sizes: dict[str, int], report: dict) -> None:
+def write_index(path: Optional[str], fingerprints: dict[str, str], sizes: dict[str, int], report: dict,
+                chosen_by: Optional[str] = None) -> None:
+    """Write the index atomically (`chosen_by`: the flag that chose the cache directory, named if the write fails)."""
     if path is None:
         return
-    atomic_write_json({"fingerprints": fingerprints, "sizes": sizes, "report": report}, path, indent=None)
+    atomic_write_json({"fingerprints": fingerprints, "sizes": sizes, "report": report}, path, indent=None,
+                      chosen_by=chosen_by)

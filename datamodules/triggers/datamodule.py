@@ -10,7 +10,6 @@ family can produce and cached under `cache_dir` (same family and templates -> sa
 """
 from __future__ import annotations
 
-import os
 import random
 import re
 from typing import Literal, Optional
@@ -19,6 +18,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.cache_dir import resolve_cache_dir
 from datamodules.triggers.questions import (
     HUB_SOURCES, Question, correct_answer, render_question, shifted_answer, synthetic_questions,
 )
@@ -237,8 +237,9 @@ class TriggerDataModule(LightningDataModule):
             if self.hparams.tokenizer is not None:
                 tok = load_tokenizer(self.hparams.tokenizer)
             else:
-                cache = self.hparams.cache_dir or os.environ.get("SHIFTGEN_CACHE", os.path.expanduser("~/.cache/shiftgen"))
-                path = cached_wordlevel_tokenizer(self.vocabulary_words(), cache, f"mixture-{self.family.name}")
+                cache, chosen_by = resolve_cache_dir(self.hparams.cache_dir)
+                path = cached_wordlevel_tokenizer(self.vocabulary_words(), cache, f"mixture-{self.family.name}",
+                                                  chosen_by=chosen_by)
                 tok = load_tokenizer(path)
             self._tokenizer = tok
         return self._tokenizer
