@@ -2,7 +2,9 @@
 
 Every adapter applies the same drop rules, in this order, and reports them as short reasons:
 
-    malformed        the row does not have the documented structure (no assistant turn, bad label, ...)
+    <label fault>    a label out of its documented type or range, one reason per field and fault
+                     ("overall_preference out of range [-3, 3]", "score_chosen not a finite number", ...)
+    malformed        the row does not have the documented structure (no assistant turn, ...)
     prompt_mismatch  chosen and rejected disagree on the conversation before the response
     tie              the source rates both responses equally (HelpSteer3, UltraFeedback, RAIL)
     empty_prompt     no prompt text at all
@@ -14,6 +16,8 @@ Responses are stripped of surrounding whitespace (HH transcripts put a space aft
 """
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from typing import Any, Optional, Union
 
@@ -103,6 +107,43 @@ def split_hh_transcript(transcript: str) -> Optional[tuple[Messages, str]]:
     return None if prompt is None else (prompt, response)
 
 
+def integer_label_fault(value: Any, field: str, low: int, high: int) -> Optional[Drop]:
+    """None when `value` is an integer in [low, high], else the drop reason naming `field` and the fault.
+
+    An integral float (2.0) counts as an integer: pandas writes an int column with gaps as floats. A bool does not
+    (it is an int to Python), and NaN -- what a missing value becomes in pandas -- is its own fault.
+    """
+    if value is None:
+        return f"{field} missing"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"{field} not an integer"
+    if not math.isfinite(value):
+        return f"{field} not a finite number"
+    if value != int(value):
+        return f"{field} not an integer"
+    if not low <= value <= high:
+        return f"{field} not {low} or {high}" if high - low == 1 else f"{field} out of range [{low}, {high}]"
+    return None
+
+
+def score_fault(value: Any, field: str) -> Optional[Drop]:
+    """None when `value` is a finite number (a score compared for ties), else the drop reason naming `field`."""
+    if value is None:
+        return f"{field} missing"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"{field} not a number"
+    if not math.isfinite(value):
+        return f"{field} not a finite number"
+    return None
+
+
+def score_pair_fault(chosen: Any, rejected: Any, fields: tuple[str, str]) -> Optional[Drop]:
+    """Optional score columns (RAIL, local files): no scores on a row is fine; one, or a bad one, is a fault."""
+    if chosen is None and rejected is None:
+        return None
+    return score_fault(chosen, fields[0]) or score_fault(rejected, fields[1])
+
+
 def _first_present(candidates: tuple[str, ...], columns: list[str]) -> Optional[str]:
     return next((c for c in candidates if c in columns), None)
 
@@ -120,9 +161,12 @@ class HelpSteer3Source(HubPreferenceSource):
     required_columns = ("context", "response1", "response2", "overall_preference")
 
     def normalize(self, row: dict, key: Any, split: str) -> Union[dict, Drop]:
-        prompt = as_messages(row["context"])
         preference = row["overall_preference"]
-        if prompt is None or not isinstance(preference, (int, float)):
+        fault = integer_label_fault(preference, "overall_preference", -3, 3)
+        if fault:  # e.g. NaN, which compares as neither < 0 nor == 0, would silently pick response2
+            return fault
+        prompt = as_messages(row["context"])
+        if prompt is None:
             return "malformed"
         if preference == 0:
             return "tie"
@@ -176,6 +220,9 @@ class UltraFeedbackSource(HubPreferenceSource):
             return "prompt_mismatch"
         if not prompt and isinstance(row.get("prompt"), str):
             prompt = [{"role": "user", "content": row["prompt"]}]
+        fault = score_fault(row["score_chosen"], "score_chosen") or score_fault(row["score_rejected"], "score_rejected")
+        if fault:  # NaN != NaN: a row without scores would pass as a preference
+            return fault
         if row["score_chosen"] == row["score_rejected"]:
             return "tie"
         # prompt_id is a hash of the prompt, not of the row, so the id is the content hash.
@@ -202,7 +249,10 @@ class PKUSafeRLHFSource(HubPreferenceSource):
 
     def normalize(self, row: dict, key: Any, split: str) -> Union[dict, Drop]:
         safer = row["safer_response_id"]
-        if isinstance(safer, bool) or safer not in (0, 1) or not isinstance(row["prompt"], str):
+        fault = integer_label_fault(safer, "safer_response_id", 0, 1)
+        if fault:
+            return fault
+        if not isinstance(row["prompt"], str):
             return "malformed"
         safer = int(safer)
         prompt = [{"role": "user", "content": row["prompt"]}]
@@ -252,6 +302,9 @@ class RAILSource(HubPreferenceSource):
         if prompt is None:
             return "malformed"
         chosen_score, rejected_score = (row.get(c) if c else None for c in self.scores)
+        fault = score_pair_fault(chosen_score, rejected_score, self.scores) if all(self.scores) else None
+        if fault:
+            return fault
         if chosen_score is not None and chosen_score == rejected_score:
             return "tie"
         row_id = row.get(self.id_column) if self.id_column else None

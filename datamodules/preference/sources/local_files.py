@@ -22,7 +22,7 @@ from datamodules.preference.records import CANONICAL_SPLITS, content_key
 from datamodules.preference.sources.base import (
     SOURCE_PREFIXES, DataError, Drop, find_split_file, iter_table, subset_key,
 )
-from datamodules.preference.sources.hub import HubPreferenceSource, Messages, _text, as_messages
+from datamodules.preference.sources.hub import HubPreferenceSource, Messages, _text, as_messages, score_pair_fault
 
 PREFIX = "local:"
 EXTENSIONS = (".jsonl", ".json", ".parquet")
@@ -84,6 +84,9 @@ def normalize_pair(source: HubPreferenceSource, row: dict, split: str, subset_co
             return "prompt_mismatch"
         prompt, chosen, rejected = chosen[:-1], chosen[-1]["content"], rejected[-1]["content"]
     scores = row.get("score_chosen"), row.get("score_rejected")
+    fault = score_pair_fault(*scores, ("score_chosen", "score_rejected"))
+    if fault:
+        return fault
     if scores[0] is not None and scores[0] == scores[1]:
         return "tie"
     chosen, rejected = _text(chosen), _text(rejected)
