@@ -209,24 +209,50 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
 
 def iter_table(path: str) -> Iterator[dict]:
     """Rows of a jsonl / json-lines / JSON-array or parquet file, one at a time (parquet a batch at a time), so the
-    raw file is never held whole; a malformed line is reported with its number."""
-    if path.endswith(".json") and _starts_with(path, "["):
+    raw file is never held whole. A malformed line or a byte that is not UTF-8 is reported with its file, line and
+    column; a UTF-8 byte-order mark is skipped."""
+    if path.endswith(".json") and _starts_with(path, b"["):
         yield from _read_json_array(path)
         return
     if path.endswith(".parquet"):
         yield from _parquet_rows(path)
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes, split on "\n" only: a bad byte is then located by line, not by read chunk
+        offset = 0  # of the line in the file
+        for lineno, raw in enumerate(f, start=1):
+            skip = len(_BOM) if lineno == 1 and raw.startswith(_BOM) else 0
+            try:
+                line = raw[skip:].decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, raw[skip:], lineno, offset + skip, err.start, err.reason) from None
+            offset += len(raw)
+            line = line.rstrip("\r\n")  # else an unclosed object is reported at "line 2, column 1" of the line
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg} at column {err.colno})") from err
+                raise DataError(f"{path}:{lineno}: malformed JSON line ({_json_fault(err)})") from err
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             yield row
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _not_utf8(path: str, line: bytes, lineno: int, line_offset: int, start: int, reason: str) -> DataError:
+    """The error for a byte that is not UTF-8 at `line[start]` (line `lineno`, starting at byte `line_offset`)."""
+    column = len(line[:start].decode("utf-8", errors="replace")) + 1  # in characters, as an editor counts
+    return DataError(
+        f"{path}:{lineno}: not UTF-8 text: byte 0x{line[start]:02x} at column {column} (byte offset {line_offset + start} "
+        f"in the file; {reason}); save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+    )
+
+
+def _json_fault(err: json.JSONDecodeError) -> str:
+    msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg  # "Invalid control character at"
+    return f"{msg} at column {err.colno}"
 
 
 def _parquet_rows(path: str, batch_size: int = 2048) -> Iterator[dict]:
@@ -239,19 +265,28 @@ def _parquet_rows(path: str, batch_size: int = 2048) -> Iterator[dict]:
         raise DataError(f"{path}: cannot read parquet: {err}") from err
 
 
-def _starts_with(path: str, char: str) -> bool:
-    with open(path, encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith(char)
+def _starts_with(path: str, prefix: bytes) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return head.removeprefix(_BOM).lstrip().startswith(prefix)
 
 
 def _read_json_array(path: str) -> list[dict]:
     """A .json file holding one JSON array of row objects (what `json.dump(rows)` or pandas' `to_json` write)."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            rows = json.load(f)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from err
+    with open(path, "rb") as f:
+        data = f.read()
+    skip = len(_BOM) if data.startswith(_BOM) else 0
+    try:
+        text = data[skip:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = skip + err.start
+        line_start = data.rfind(b"\n", 0, bad) + 1 or skip
+        line = data[line_start:].split(b"\n", 1)[0]
+        raise _not_utf8(path, line, data.count(b"\n", 0, bad) + 1, line_start, bad - line_start, err.reason) from None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: malformed JSON ({_json_fault(err)})") from err
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
     if bad is not None:
         raise DataError(f"{path}: item {bad} of the JSON array is a {type(rows[bad]).__name__}, not an object")
