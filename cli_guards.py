@@ -14,6 +14,7 @@ import importlib
 import inspect
 import json
 import os
+import pickle
 import re
 import sys
 import typing
@@ -105,6 +106,30 @@ def checkpoint_disagreements(parser, args, config) -> list[str]:
         if theirs != ours:
             differing.append(f"--model.{'.'.join(key)}: checkpoint {theirs!r}, command line {ours!r}")
     return differing
+
+
+def check_ckpt_path(config) -> None:
+    """Refuse a `--ckpt_path` file that is truncated or corrupt (every archive member's CRC-32), or that another
+    family of modules wrote (a reward model's given to a policy run or the reverse), naming the flag, the file and
+    both classes. Raises `CheckpointError`; "last" / "best" and missing paths are left to Lightning."""
+    from lightning_modules.checkpoint_checks import (
+        POLICY_CLASSES, REWARD_CLASSES, CheckpointError, check_kind, verify_archive,
+    )
+
+    sub = config.get("subcommand")
+    path = config[sub].get("ckpt_path") if sub else None
+    if not path or not os.path.isfile(path):
+        return
+    verify_archive(path, "--ckpt_path")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        raise CheckpointError(f"--ckpt_path {path!r} does not load: {type(err).__name__}: {str(err)[:300]}") from err
+    model = config[sub].get("model")
+    wanted = str(model.get("class_path") if isinstance(model, (dict, Namespace)) else "").rsplit(".", 1)[-1]
+    for family in (POLICY_CLASSES, REWARD_CLASSES):
+        if wanted in family:
+            check_kind(ckpt, path, f"--ckpt_path (for --model {wanted})", family)
 
 
 def _leaves(tree: dict, prefix: tuple = ()):
