@@ -6,6 +6,8 @@ reference model's callback is always present (`--reference.*`) and does nothing 
 
 Three guards live in `cli_guards.py`: `--model.objective naive` (registry names), `--ckpt_path` never silently
 overriding explicit `--model.*` values, and a mistyped key named first with the closest valid one.
+Checkpoints are written through `lightning_modules.checkpoint_io.AtomicCheckpointIO` (complete or absent, never
+half-written under their final name); `--ckpt_path` is checked (intact archive, this model's kind) before use.
 `python cli.py export --ckpt_path X --out_dir D` writes a checkpoint as a transformers directory instead
 (`lightning_modules/export/`, docs/export.md).
 """
@@ -18,7 +20,9 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks.reference_model import ReferenceModelCallback
-from cli_guards import ShiftArgumentParser, checkpoint_disagreements
+from cli_guards import ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements
+from lightning_modules.checkpoint_checks import CheckpointError
+from lightning_modules.checkpoint_io import install_atomic_checkpoint_io
 
 
 class ShiftCLI(LightningCLI):
@@ -37,12 +41,22 @@ class ShiftCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
+        try:  # before LightningCLI reads its hyperparameters: a truncated file would fail there, naming nothing
+            check_ckpt_path(self.config)
+        except CheckpointError as err:
+            parser.error(str(err))
         differing = checkpoint_disagreements(parser, args, self.config)
         if differing:
             sub = self.config.subcommand
             parser.error(f"--ckpt_path {self.config[sub].ckpt_path}: the model is built from the checkpoint's "
                          "hyperparameters, and these values given explicitly (flags or --config files) differ:\n  "
                          + "\n  ".join(differing) + "\nDrop them to use the checkpoint's values.")
+
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        install_atomic_checkpoint_io(trainer, chosen_by="--trainer.default_root_dir (or the logger's save_dir, "
+                                                        "or ModelCheckpoint's dirpath)")
+        return trainer
 
 
 def main(args=None, run: bool = True) -> ShiftCLI:
