@@ -9,7 +9,7 @@ ENV = "SHIFTGEN_CACHE"
 
 
 def resolve_cache_dir(explicit: Optional[str] = None, flag: str = "--data.cache_dir") -> tuple[str, str]:
-    """(cache directory, what chose it): `explicit` (given by `flag`), else `$SHIFTGEN_CACHE`, else ~/.cache/shiftgen."""
+    """(cache directory, what chose it): `explicit` (given by `flag`), else $SHIFTGEN_CACHE, else ~/.cache/shiftgen."""
     if explicit:
         return explicit, flag
     if os.environ.get(ENV):

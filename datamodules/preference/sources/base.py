@@ -207,6 +207,9 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
     )
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which some Windows editors put at the start of a file
+
+
 def iter_table(path: str) -> Iterator[dict]:
     """Rows of a jsonl / json-lines / JSON-array or parquet file, one at a time (parquet a batch at a time), so the
     raw file is never held whole. A malformed line or a byte that is not UTF-8 is reported with its file, line and
@@ -226,7 +229,7 @@ def iter_table(path: str) -> Iterator[dict]:
             except UnicodeDecodeError as err:
                 raise _not_utf8(path, raw[skip:], lineno, offset + skip, err.start, err.reason) from None
             offset += len(raw)
-            line = line.rstrip("\r\n")  # else an unclosed object is reported at "line 2, column 1" of the line
+            line = line.rstrip("\r\n")  # kept, the newline puts an unclosed object's fault at "column 1" of line 2
             if not line.strip():
                 continue
             try:
@@ -238,15 +241,13 @@ def iter_table(path: str) -> Iterator[dict]:
             yield row
 
 
-_BOM = b"\xef\xbb\xbf"
-
-
 def _not_utf8(path: str, line: bytes, lineno: int, line_offset: int, start: int, reason: str) -> DataError:
     """The error for a byte that is not UTF-8 at `line[start]` (line `lineno`, starting at byte `line_offset`)."""
     column = len(line[:start].decode("utf-8", errors="replace")) + 1  # in characters, as an editor counts
     return DataError(
-        f"{path}:{lineno}: not UTF-8 text: byte 0x{line[start]:02x} at column {column} (byte offset {line_offset + start} "
-        f"in the file; {reason}); save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        f"{path}:{lineno}: not UTF-8 text: byte 0x{line[start]:02x} at column {column} "
+        f"(byte offset {line_offset + start} in the file; {reason}); save the file as UTF-8 "
+        "(e.g. `iconv -f latin1 -t utf-8`)"
     )
 
 
@@ -279,10 +280,10 @@ def _read_json_array(path: str) -> list[dict]:
     try:
         text = data[skip:].decode("utf-8")
     except UnicodeDecodeError as err:
-        bad = skip + err.start
-        line_start = data.rfind(b"\n", 0, bad) + 1 or skip
+        at = skip + err.start
+        line_start = data.rfind(b"\n", 0, at) + 1 or skip
         line = data[line_start:].split(b"\n", 1)[0]
-        raise _not_utf8(path, line, data.count(b"\n", 0, bad) + 1, line_start, bad - line_start, err.reason) from None
+        raise _not_utf8(path, line, data.count(b"\n", 0, at) + 1, line_start, at - line_start, err.reason) from None
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as err:
