@@ -32,6 +32,8 @@ PATH_PREFIXES = ("local:", "hf_classifier:")
 DIGEST_CACHE = "file_digests.json"
 _CHUNK = 1 << 20
 RACY_NS = 2_000_000_000
+# (path, size, mtime_ns) -> (sha256, when it was hashed), for this process's lifetime
+_HASHED_HERE: dict[tuple[str, int, int], tuple[str, int]] = {}
 
 
 def _cache_path() -> str:
@@ -56,6 +58,12 @@ class FileDigests:
     def digest(self, path: str) -> str:
         path = os.path.abspath(path)
         st = os.stat(path)
+        seen = _HASHED_HERE.get((path, st.st_size, st.st_mtime_ns))
+        if seen is not None:  # hashed by this process already: every stage of a run reads the same files
+            entry = [st.st_size, st.st_mtime_ns, *seen]
+            if self.known.get(path) != entry:
+                self.known[path], self.dirty = entry, True
+            return seen[0]
         hit = self.known.get(path)
         # Trusted only when the file was already older than the hash by a margin: a rewrite within the same
         # timestamp tick keeps size and mtime (git's "racily clean" files), so a young file is hashed again.
@@ -68,6 +76,7 @@ class FileDigests:
                 h.update(block)
         self.known[path] = [st.st_size, st.st_mtime_ns, h.hexdigest(), hashed_at]
         self.dirty = True
+        _HASHED_HERE[(path, st.st_size, st.st_mtime_ns)] = (h.hexdigest(), hashed_at)
         return h.hexdigest()
 
     def tree(self, path: str) -> dict[str, str]:
