@@ -202,7 +202,7 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
                 return path
     raise DataError(
         f"{source}: no file for split {stems[-1]!r} in {directory!r}: expected one of "
-        f"{[s + e for s in dict.fromkeys(stems) for e in ('.jsonl', '.parquet')]}; "
+        f"{[s + e for s in dict.fromkeys(stems) for e in ('.jsonl', '.json', '.parquet')]}; "
         f"found {sorted(os.listdir(directory))}"
     )
 
