@@ -238,3 +238,13 @@ def test_classifier_folder_without_config_json_says_so(word_tokenizer_dir, tmp_p
     with pytest.raises(ValueError, match=rf"--model.backbone 'hf_classifier:{folder}': the folder '{folder}' has no "
                                          rf"config.json \(it holds: {listing}\)"):
         RewardModelModule(backbone=f"hf_classifier:{folder}", tokenizer=folder)
+
+
+def test_the_data_module_refuses_a_given_label_file_without_information(tmp_path, word_tokenizer_dir, cache_dir):
+    path = str(tmp_path / "labels.json")
+    with open(path, "w") as f:
+        json.dump({"meta": {"teacher_checkpoint": "/runs/t.ckpt"}, "labels": {f"p{i}": [0.5, False] for i in range(9)}}, f)
+    dm = tiny_data(word_tokenizer_dir, cache_dir, train_subset="student", weak_labels=path)
+    with pytest.raises(ValueError, match=r"/runs/t.ckpt: every one of the 9 weak labels is q = 0\.500000"):
+        dm.prepare_data()
+        dm.setup("fit")  # the labels are read here: before any student step

@@ -453,8 +453,11 @@ class PreferenceDataModule(pl.LightningDataModule):
                 raise DataError(f"--data.weak_labels {path!r} does not exist")
         else:
             return None
-        with open(path) as f:
-            payload = json.load(f)
+        from datamodules.preference.weak_labels import read_weak_labels
+
+        # refused when the labels carry no information (non-finite, or all equal), naming the teacher
+        flag = "--data.teacher_checkpoint (its cached labels)" if hp.teacher_checkpoint else "--data.weak_labels"
+        payload = read_weak_labels(path, flag)
         self.weak_labels_path = path
         T = float(hp.label_temperature)
         payload["raw_labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
