@@ -48,8 +48,9 @@ class OutDirLock:
     is stale: its dead holder is named in a warning and the lock is taken over.
     """
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, what: str = "protocol run"):
         self.path = os.path.join(out_dir, ".lock")
+        self.what = what  # "stage": a stage's own lock, held by the run or cluster job running it
         self.fd = None
 
     def __enter__(self) -> "OutDirLock":
@@ -62,7 +63,7 @@ class OutDirLock:
                 holder = _read_holder(fd)
                 os.close(fd)
                 raise RuntimeError(
-                    f"{os.path.dirname(self.path)} is in use by another protocol run (PID {holder.get('pid', '?')} "
+                    f"{os.path.dirname(self.path)} is in use by another {self.what} (PID {holder.get('pid', '?')} "
                     f"on host {holder.get('host', '?')}, lock {self.path}). Wait for it to finish, or use another "
                     "--out_dir.") from None
             if not _same_file(fd, self.path):  # the holder removed the file between our open and our lock

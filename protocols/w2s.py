@@ -386,7 +386,10 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
     if is_global_zero():
         clear_stage_dir(stage.dir)
     run = run_test_stage if stage.pretrained else run_stage
-    return run(stage, stage.args + upstream_args(stage, done), identity)
+    result = run(stage, stage.args + upstream_args(stage, done), identity)
+    if stage.name == "ceiling" and is_global_zero():  # the methods' --model.ceiling_results
+        atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"}, ceiling_results_path(stage))
+    return result
 
 
 def _identity(stage: Stage, upstream: dict) -> dict:
@@ -487,16 +490,22 @@ def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
 
 
 # ---- the protocol -------------------------------------------------------------------------------------------------
-def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
-    """Every stage, then the results; returns the results (every rank computes the same ones)."""
-    from protocols.hparams import write_hparams
-    from protocols.w2s_report import RESULT_LINKS, RESULTS_DIR, summarize, write_reports
-
-    force = force or ForceSpec(None)
+def prepare(p: W2SProtocol, force: ForceSpec, only: Optional[set[str]] = None) -> list[Stage]:
+    """Every stage of every seed and method, planned and validated before any work (`only`: validate just these
+    keys, `seed<k>/<name>` — a cluster job checks its own stage and what it reads, not the whole grid)."""
     stages = plan_stages(p)
     force.check({s.name for s in stages})
-    for stage in stages:  # before any work: every stage of every seed and method
-        validate_stage(stage)
+    for stage in stages:
+        if only is None or stage_key(stage) in only:
+            validate_stage(stage)
+    return stages
+
+
+def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
+    """Every stage in this process (`--launcher local`), then the results; returns the results (every rank computes
+    the same ones)."""
+    force = force or ForceSpec(None)
+    stages = prepare(p, force)
     rank0 = is_global_zero()
     with OutDirLock(p.out_dir) if rank0 else nullcontext():  # DDP children run inside rank 0's lock
         refuse_changed_stages(stages, force)
@@ -505,22 +514,40 @@ def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
         for i, stage in enumerate(stages):
             if i and stage.seed != stages[i - 1].seed:  # a seed's data: its prefix hidden states are not reused
                 _release_stores(stages[i - 1].seed)
-            done.setdefault(stage.name, {})[stage.seed] = result = run_or_reuse(stage, done, force, forced_runs)
-            if stage.name == "ceiling" and rank0:  # the methods' --model.ceiling_results
-                atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"},
-                                  ceiling_results_path(stage))
+            with stage_lock(p.out_dir, stage):
+                done.setdefault(stage.name, {})[stage.seed] = run_or_reuse(stage, done, force, forced_runs)
         _release_stores(stages[-1].seed)
-        results = summarize(p, done)
-        if rank0:  # tables, figures, TensorBoard summary and HPARAMS tab: one set, swapped in at once
-            def write(folder: str) -> None:
-                atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
-                write_reports(folder, results)
-                write_hparams(folder, stages, done, results["id_source"])
+        return publish_results(p, stages, done)
 
-            publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
-            for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
-                shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
-            print(results["markdown"])
+
+def stage_key(stage: Stage) -> str:
+    return f"seed{stage.seed}/{stage.name}"
+
+
+def stage_lock(out_dir: str, stage: Stage):
+    """The stage's own lock (`<out_dir>/.stages/seed<k>/<name>/.lock`): cluster jobs run stages of one out_dir at
+    once, and a local run must not run a stage a job is running. Global rank 0 holds it."""
+    folder = os.path.join(out_dir, ".stages", stage_key(stage))
+    return OutDirLock(folder, what="stage") if is_global_zero() else nullcontext()
+
+
+def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]]) -> dict:
+    """The table from the finished stages, published (rank 0) as one set: tables, figures, TensorBoard summary and
+    HPARAMS tab, swapped in at once."""
+    from protocols.hparams import write_hparams
+    from protocols.w2s_report import RESULT_LINKS, RESULTS_DIR, summarize, write_reports
+
+    results = summarize(p, done)
+    if is_global_zero():
+        def write(folder: str) -> None:
+            atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
+            write_reports(folder, results)
+            write_hparams(folder, stages, done, results["id_source"])
+
+        publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
+        for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
+            shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
+        print(results["markdown"])
     return results
 
 
@@ -535,7 +562,9 @@ def _release_stores(seed: int) -> None:
     release_shared_stores()
 
 
-def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec]:
+def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec, dict]:
+    from protocols.slurm import SlurmOptions
+
     parser = ArgumentParser(description=__doc__, default_config_files=[])
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_class_arguments(W2SProtocol, as_group=False)
@@ -543,19 +572,51 @@ def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec]:
                         help="rerun finished stages instead of reusing or refusing them (their old outputs are "
                              "deleted): alone, every stage; with names (teacher, ceiling, a method; seed<k>/<name> "
                              "for one seed), those stages, and the stages that read them follow")
-    d = parser.parse_args(args).as_dict()
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                        help="local: every stage in this process, one after another; slurm: each unfinished stage "
+                             "as a SLURM job after its upstream stages' jobs, then a job that writes the table "
+                             "(docs/cluster.md)")
+    parser.add_class_arguments(SlurmOptions, "slurm")
+    parser.add_argument("--status", action="store_true", help="list each stage as done / queued / running / failed "
+                                                              "/ not started, with its job id and log, and exit")
+    parser.add_argument("--collect", action="store_true", help="write the table from the finished stages and exit")
+    parser.add_argument("--stage", default=None, help="run this one stage (seed<k>/<name>), from its upstream "
+                                                      "stages' results: what a cluster job runs")
+    parser.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the jobs are done")
+    ns = parser.parse_args(args)
+    d = ns.as_dict()
     d.pop("config", None)
     force = ForceSpec(d.pop("force"))
+    modes = {k: d.pop(k) for k in ("launcher", "status", "collect", "stage", "wait")}
+    modes["slurm"] = SlurmOptions(**d.pop("slurm"))
+    if sum(bool(modes[k]) for k in ("status", "collect", "stage")) > 1:
+        parser.error("give at most one of --status, --collect, --stage")
     d["methods"] = [m if isinstance(m, Method) else Method(**m) for m in d["methods"]]
-    return W2SProtocol(**d), force
+    return W2SProtocol(**d), force, modes
 
 
 def parse(args: Optional[list[str]] = None) -> W2SProtocol:
     return _parse(args)[0]
 
 
-def main(args: Optional[list[str]] = None) -> dict:
-    protocol, force = _parse(args)
+def main(args: Optional[list[str]] = None) -> Any:
+    """Runs the protocol as the flags say: the results (local, --collect, --stage: that stage's result) or the
+    status rows (--status, --launcher slurm)."""
+    from protocols import w2s_cluster
+
+    protocol, force, modes = _parse(args)
+    if modes["status"]:
+        rows = w2s_cluster.status(protocol)
+        w2s_cluster.print_status(rows)
+        return rows
+    if modes["collect"]:
+        return w2s_cluster.collect(protocol)
+    if modes["stage"]:
+        return w2s_cluster.run_one_stage(protocol, modes["stage"], force)
+    if modes["launcher"] == "slurm":
+        rows = w2s_cluster.submit(protocol, force, modes["slurm"], wait=modes["wait"])
+        w2s_cluster.print_status(rows)
+        return rows
     return run_protocol(protocol, force=force)
 
 

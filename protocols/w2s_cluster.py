@@ -1,0 +1,209 @@
+"""The W2S protocol beyond one process: one stage per call (`--stage`, what a cluster job runs), the table from
+finished stages (`--collect`), each stage's state (`--status`), and every unfinished stage submitted as a SLURM job
+(`--launcher slurm`, docs/cluster.md). The decisions are `protocols.w2s`'s own: the same identity, reuse and refusal
+rules, the same per-stage lock and atomic writes, so a cluster run's table equals a local run's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from typing import Optional
+
+from datamodules.atomic_files import atomic_write_json
+from protocols import slurm
+from protocols.run_files import OutDirLock, is_global_zero, read_json
+from protocols.stage_identity import ForceSpec, digest, identity_changes, refusal
+from protocols.w2s import (
+    Stage, W2SProtocol, _identity, plan_stages, prepare, publish_results, refuse_changed_stages, run_or_reuse,
+    stage_key, stage_lock,
+)
+
+COLLECT = "collect"
+
+
+def stage_folder(out_dir: str, key: str) -> str:
+    """`<out_dir>/.stages/<seed>/<stage>`: the stage's lock and its job record (outside the stage folder, which a
+    rerun deletes)."""
+    return os.path.join(out_dir, ".stages", key)
+
+
+def _find(stages: list[Stage], key: str) -> Stage:
+    for stage in stages:
+        if stage_key(stage) == key:
+            return stage
+    raise ValueError(f"--stage {key!r}: no such stage; the stages are {[stage_key(s) for s in stages]}")
+
+
+def _finished_upstream(stage: Stage, stages: list[Stage]) -> dict[str, dict[int, dict]]:
+    done: dict[str, dict[int, dict]] = {}
+    for name in stage.upstream:
+        up = _find(stages, f"seed{stage.seed}/{name}")
+        result = read_json(up.result_path)
+        if result is None:
+            raise RuntimeError(f"stage {stage_key(stage)} reads {stage_key(up)}, which has not finished "
+                               f"(no {up.result_path})")
+        done.setdefault(name, {})[stage.seed] = result
+    return done
+
+
+def run_one_stage(p: W2SProtocol, key: str, force: ForceSpec) -> dict:
+    """One stage (a cluster job's work), from its finished upstream stages' results on disk, under its own lock."""
+    stages = plan_stages(p)
+    stage = _find(stages, key)
+    stages = prepare(p, force, only={key, *(f"seed{stage.seed}/{u}" for u in stage.upstream)})
+    stage = _find(stages, key)
+    with stage_lock(p.out_dir, stage):
+        return run_or_reuse(stage, _finished_upstream(stage, stages), force, set())
+
+
+def collect(p: W2SProtocol) -> dict:
+    """The table from every stage's finished result (refused, naming them, while any is unfinished or changed)."""
+    stages = prepare(p, ForceSpec(None))
+    missing = [stage_key(s) for s in stages if read_json(s.result_path) is None]
+    if missing:
+        raise RuntimeError(f"--collect: {len(missing)} stage(s) have not finished: {missing} "
+                           f"(python -m protocols.w2s --config ... --status shows why)")
+    with OutDirLock(p.out_dir) if is_global_zero() else nullcontext():
+        refuse_changed_stages(stages, ForceSpec(None))
+        done: dict[str, dict[int, dict]] = {}
+        for stage in stages:  # every result is finished: this only checks identities, it runs nothing
+            done.setdefault(stage.name, {})[stage.seed] = run_or_reuse(stage, done, ForceSpec(None), set())
+        return publish_results(p, stages, done)
+
+
+def status(p: W2SProtocol) -> list[dict]:
+    """Each stage (and the collecting job) as done / queued / running / failed / not started, with job id and log."""
+    rows = []
+    for stage in prepare(p, ForceSpec(None)) + [None]:
+        key = stage_key(stage) if stage else COLLECT
+        job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json")) or {}
+        if stage is not None and read_json(stage.result_path) is not None:
+            state = "done"
+        elif stage is None and os.path.isfile(os.path.join(p.out_dir, "results", "results.json")) and not job:
+            state = "done"
+        elif job:
+            state = _job_state(job["job_id"], finished=stage is None and os.path.isfile(
+                os.path.join(p.out_dir, "results", "results.json")))
+        else:
+            state = "not started"
+        rows.append({"stage": key, "state": state, "job_id": job.get("job_id"), "log": job.get("log")})
+    return rows
+
+
+def _job_state(job_id: str, finished: bool) -> str:
+    state = slurm.job_state(job_id)
+    if state == "PENDING":
+        return "queued"
+    if state in slurm.IN_FLIGHT:
+        return "running"
+    if state == "COMPLETED":
+        return "done" if finished else "failed (COMPLETED without a result)"
+    return f"failed ({state})"
+
+
+# ---- submission --------------------------------------------------------------------------------------------------
+def submit(p: W2SProtocol, force: ForceSpec, opts: slurm.SlurmOptions, wait: bool = False) -> list[dict]:
+    """Every stage that is not finished (or is forced) as a job after its upstream stages' jobs, then the collecting
+    job; returns the status rows. Finished stages of another identity are refused before anything is submitted, as
+    a local run refuses them; a stage whose job is queued or running is left to it."""
+    if opts.world_size > 1:  # the stages' trainers span the job's processes (Lightning reads SLURM's environment)
+        extra = opts.trainer_args()
+        p.teacher_args, p.student_args, p.zero_shot_args = (p.teacher_args + extra, p.student_args + extra,
+                                                            p.zero_shot_args + extra)
+    stages = prepare(p, force)
+    with OutDirLock(p.out_dir):
+        refuse_changed_stages(stages, force)
+        plan = _plan(p, stages, force)
+        snapshot = os.path.join(p.out_dir, ".stages", f"protocol-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json")
+        atomic_write_json(asdict(p), snapshot)
+        command = [opts.python or sys.executable, "-m", "protocols.w2s", "--config", snapshot]
+        jobs: dict[str, str] = {}
+        for stage in stages:
+            key = stage_key(stage)
+            action, job_id = plan[key]
+            if action == "in_flight":
+                jobs[key] = job_id
+            if action != "submit":
+                continue
+            after = [jobs[f"seed{stage.seed}/{u}"] for u in stage.upstream if f"seed{stage.seed}/{u}" in jobs]
+            rerun = ["--force", key] if read_json(stage.result_path) is not None else []
+            jobs[key] = _submit(p.out_dir, key, command + ["--stage", key, *rerun], opts, after, srun=True,
+                                identity=digest({"config": _identity(stage, {})["config"]}))
+        if jobs:
+            _submit(p.out_dir, COLLECT, command + ["--collect"], opts, sorted(set(jobs.values())), srun=False,
+                    identity="")
+    if not jobs:  # every stage finished: the table now, as a local run writes it
+        collect(p)
+    elif wait:
+        collect_job = slurm.read_job(os.path.join(stage_folder(p.out_dir, COLLECT), "job.json"))["job_id"]
+        slurm.wait_for(sorted(set(jobs.values())) + [collect_job])
+    return status(p)
+
+
+def _plan(p: W2SProtocol, stages: list[Stage], force: ForceSpec) -> dict[str, tuple[str, Optional[str]]]:
+    """key -> ("done" | "in_flight" | "submit", job id). A finished stage whose upstream will run again follows it
+    when that upstream is forced (or follows a forced one); otherwise it is refused, as a local run would refuse it
+    once the upstream ran."""
+    plan: dict[str, tuple[str, Optional[str]]] = {}
+    rerun: set[str] = set()  # keys that will run again because they, or an upstream, were forced
+    stale = []
+    for stage in stages:
+        key = stage_key(stage)
+        job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json"))
+        if job and slurm.job_state(job["job_id"]) in slurm.IN_FLIGHT:
+            plan[key] = ("in_flight", job["job_id"])
+            continue
+        ups = [f"seed{stage.seed}/{u}" for u in stage.upstream]
+        forced = force.forces(stage.name, stage.seed) or any(u in rerun for u in ups)
+        finished = read_json(stage.result_path)
+        if forced:
+            rerun.add(key)
+            plan[key] = ("submit", None)
+        elif finished is None:
+            plan[key] = ("submit", None)
+        elif any(plan[u][0] != "done" for u in ups):
+            stale.append((stage.dir, [f"upstream: {', '.join(u for u in ups if plan[u][0] != 'done')} will run "
+                                      "again (unfinished), which changes what this stage read"]))
+            plan[key] = ("submit", None)
+        else:
+            upstream = {u: {"identity": digest(read_json(_up(stages, stage, u).result_path)["identity"]),
+                            "run": read_json(_up(stages, stage, u).result_path)["run"]} for u in stage.upstream}
+            diff = identity_changes(finished, _identity(stage, upstream))
+            if diff:
+                stale.append((stage.dir, diff))
+            plan[key] = ("done", None)
+    if stale:
+        raise refusal(stale)
+    return plan
+
+
+def _up(stages: list[Stage], stage: Stage, name: str) -> Stage:
+    return _find(stages, f"seed{stage.seed}/{name}")
+
+
+def _submit(out_dir: str, key: str, command: list[str], opts: slurm.SlurmOptions, after: list[str], srun: bool,
+            identity: str) -> str:
+    folder = stage_folder(out_dir, key)
+    log = os.path.join(out_dir, "logs", key.replace("/", "-") + "-%j.out")
+    script = os.path.join(folder, "job.sh")
+    job_id = slurm.submit(slurm.job_script(command, os.getcwd(), opts, srun), script,
+                          f"w2s:{os.path.basename(os.path.abspath(out_dir))}:{key}", log,
+                          opts.sbatch_flags(collect=not srun), after)
+    slurm.record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script, identity)
+    return job_id
+
+
+def print_status(rows: list[dict]) -> None:
+    print(slurm.status_table(rows))
+    counts = {}
+    for r in rows:
+        counts[r["state"].split(" ")[0]] = counts.get(r["state"].split(" ")[0], 0) + 1
+    print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def as_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=1)
