@@ -171,6 +171,17 @@ def identity_of(stage: Stage, args: list[str], upstream: Optional[str], seed_dir
     return {"config": flat, "upstream": upstream, "data": data_identity(flat, cwd=seed_dir)}, config
 
 
+def stage_folder(out: str, exp: Experiment, key: str) -> str:
+    """`<out>/<family>/.stages/seed_<k>/<stage>`: the stage's lock and its cluster job's record."""
+    return os.path.join(out, exp.family, ".stages", key)
+
+
+def stage_lock(out: str, exp: Experiment, seed: int, name: str):
+    from protocols.run_files import OutDirLock
+
+    return OutDirLock(stage_folder(out, exp, f"seed_{seed}/{name}"), what="stage")
+
+
 def finished_record(path: str) -> Optional[dict]:
     """A stage's record when it finished (status done, its checkpoint and table present), else None: a failed or
     half-lost stage is no finished stage and simply runs again."""
@@ -206,45 +217,52 @@ def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: d
              question_dirs: Optional[dict], force: ForceSpec) -> dict:
     """Run (or reuse) every stage of one seed in order; returns {stage name: record}. A finished stage of another
     identity is refused (`StageChangedError`) unless forced; a stage starting from a forced one follows it."""
+    records: dict[str, dict] = {}
+    forced_runs: set[str] = set()
+    for stage in stages:
+        forced = force.forces(stage.name, seed) or stage.start in forced_runs
+        with stage_lock(out, exp, seed, stage.name):  # a cluster job of this stage must not run it at once
+            records[stage.name] = run_stage(exp, stage, seed, out, extra, threads, question_dirs, forced,
+                                            records.get(stage.start) if stage.start else None)
+        if forced:
+            forced_runs.add(stage.name)
+    return records
+
+
+def run_stage(exp: Experiment, stage: Stage, seed: int, out: str, extra: dict, threads: int,
+              question_dirs: Optional[dict], forced: bool, upstream: Optional[dict]) -> dict:
+    """Run (or reuse) one stage of one seed from its start stage's record (None for a stage from scratch); returns
+    its record: reused, done, failed, or skipped when its start stage did not finish."""
     from protocols.stage_identity import digest, identity_changes, refusal
 
     seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
     os.makedirs(os.path.join(seed_dir, "stages"), exist_ok=True)
+    if stage.start and (upstream is None or upstream["status"] != "done"):
+        record = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
+        print(f"[seed {seed}] {stage.name}: skipped ({record['error']})", flush=True)
+        return record
+    args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
+    # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
+    # what starts from it
+    upstream_run = _run_of(upstream) if upstream else None
+    identity, config = identity_of(stage, args, upstream_run, seed_dir)
+    key = digest(identity)
+    ckpt = checkpoint_of(stage, seed_dir, config)
+    if upstream:
+        args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
+    record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
+    old = finished_record(record_path)
+    if old is not None and not forced:
+        diff = identity_changes(old, identity)
+        if diff:
+            raise refusal([(os.path.join(seed_dir, stage.name), diff)])
+        if old.get("digest") != key:  # options added at their defaults: the same run, under today's identity
+            old = dict(old, identity=identity, digest=key, run=_run_of(old))
+            _write_json(record_path, old)
+        print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
+        return old
     env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
-    records: dict[str, dict] = {}
-    forced_runs: set[str] = set()
-    for stage in stages:
-        upstream = records.get(stage.start) if stage.start else None
-        if stage.start and (upstream is None or upstream["status"] != "done"):
-            records[stage.name] = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
-            print(f"[seed {seed}] {stage.name}: skipped ({records[stage.name]['error']})", flush=True)
-            continue
-        args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
-        # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
-        # what starts from it
-        upstream_run = _run_of(upstream) if upstream else None
-        identity, config = identity_of(stage, args, upstream_run, seed_dir)
-        key = digest(identity)
-        ckpt = checkpoint_of(stage, seed_dir, config)
-        if upstream:
-            args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
-        record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
-        old = finished_record(record_path)
-        forced = force.forces(stage.name, seed) or stage.start in forced_runs
-        if old is not None and not forced:
-            diff = identity_changes(old, identity)
-            if diff:
-                raise refusal([(os.path.join(seed_dir, stage.name), diff)])
-            if old.get("digest") != key:  # options added at their defaults: the same run, under today's identity
-                old = dict(old, identity=identity, digest=key, run=_run_of(old))
-                _write_json(record_path, old)
-            records[stage.name] = old
-            print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
-            continue
-        if forced:
-            forced_runs.add(stage.name)
-        records[stage.name] = _run(stage, args, identity, ckpt, seed_dir, env, record_path, seed)
-    return records
+    return _run(stage, args, identity, ckpt, seed_dir, env, record_path, seed)
 
 
 def _run_of(record: dict) -> str:
@@ -338,7 +356,9 @@ def _write_json(path: str, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=1, default=str))
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    from protocols.slurm import add_slurm_arguments
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -353,6 +373,24 @@ def main(argv=None) -> int:
                         "stage; with names (seed_<k>/<name> for one seed), those stages, and the stages that start "
                         "from them follow. Give it after the experiment's name.")
     p.add_argument("--list", action="store_true", help="list the experiments and their stages")
+    p.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                   help="local: seeds in parallel processes here; slurm: each unfinished stage of each seed a SLURM "
+                        "job after its start stage's job, then a job that writes the report (docs/cluster.md)")
+    p.add_argument("--status", action="store_true", help="list each stage of each seed as done / queued / running / "
+                                                         "failed / not started, with its job id and log, and exit")
+    p.add_argument("--collect", action="store_true", help="write the report from the stages' records and exit")
+    p.add_argument("--stage", help="run this one stage of the one seed given (--seeds k): what a cluster job runs")
+    p.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the jobs are done")
+    add_slurm_arguments(p)
+    return p
+
+
+def main(argv=None) -> int:
+    from protocols import mixture_cluster, slurm
+    from protocols.run_files import OutDirLock
+    from protocols.stage_identity import ForceSpec
+
+    p = _parser()
     args = p.parse_args(argv)
     if args.list or args.experiment is None:
         for name, exp in EXPERIMENTS.items():
@@ -364,34 +402,62 @@ def main(argv=None) -> int:
         p.error(f"--seeds repeats a seed: {args.seeds}")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
-    from protocols.run_files import OutDirLock
-    from protocols.stage_identity import ForceSpec
-
+    if sum(bool(x) for x in (args.status, args.collect, args.stage)) > 1:
+        p.error("give at most one of --status, --collect, --stage")
+    if args.stage and (len(args.seeds) != 1 or args.stage not in {s.name for s in stages}):
+        p.error(f"--stage {args.stage!r} runs one stage of one seed: give --seeds k and a stage of {[s.name for s in stages]}")
     force = ForceSpec(args.force)
     try:
         force.check({s.name for s in stages})
+        opts = slurm.options_from_args(args)
     except ValueError as err:
         p.error(str(err))
+    if opts.world_size > 1:  # the stages' records are written by one process; DDP inside a stage: W2S only
+        p.error("--slurm.nodes / --slurm.ntasks_per_node > 1: a mixture stage runs as one process (its policy "
+                "modules are DDP-exact, but the protocol's stage runner is not rank-aware yet); use 1")
     out = os.path.abspath(args.out)
+    name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
+    if args.status:
+        slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))
+        return 0
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
     extra = {"sft": args.sft_set, "rl": args.set}
+    question_dirs = None
+    if exp.question_fixtures:  # rewritten only when their content differs: a job's call leaves them as they are
+        from datamodules.triggers.question_fixtures import write_question_fixtures
+
+        question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
+    if args.stage:  # a job: this stage only, under its own lock (the family lock is the submitter's)
+        record = mixture_cluster.run_one(exp, stages, args.seeds[0], args.stage, out, extra, threads, question_dirs,
+                                         force)
+        return 0 if record["status"] in ("done", "failed", "skipped") else 1
     start = time.time()
+    command = " ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])])
     with OutDirLock(os.path.join(out, exp.family)):  # one run per family folder: its stages and checkpoints
-        question_dirs = None
-        if exp.question_fixtures:
-            from datamodules.triggers.question_fixtures import write_question_fixtures
+        if not args.collect:
+            changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
+        if args.launcher == "slurm" and not args.collect:
+            if mixture_cluster.submit(args.experiment, exp, stages, args.seeds, out, extra, force, opts, name):
+                submitted = True
+            else:
+                submitted, args.collect = False, True  # every stage finished: the report now
+        if args.collect:
+            records = mixture_cluster.records_on_disk(exp, stages, args.seeds, out)
+        elif args.launcher == "local":
+            with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
+                jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
+                        for seed in args.seeds}
+                records = {seed: job.result() for seed, job in jobs.items()}
+        if args.launcher == "local" or args.collect:
+            from protocols.mixture_report import write_report
 
-            question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
-        changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
-        with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-            jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
-                    for seed in args.seeds}
-            records = {seed: job.result() for seed, job in jobs.items()}
-        from protocols.mixture_report import write_report
-
-        name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
-        md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
-                          command=" ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])]))
+            md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
+                              command=command)
+    if args.launcher == "slurm" and not args.collect and submitted:
+        if args.wait:
+            mixture_cluster.wait(exp, out)
+        slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))
+        return 0
     print(open(md).read())
     print(f"written: {md}")
     failed = [(s, n) for s, recs in records.items() for n, r in recs.items() if r["status"] != "done"]

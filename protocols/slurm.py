@@ -120,15 +120,17 @@ def job_script(command: list[str], cwd: str, opts: SlurmOptions, srun: bool) -> 
     return "\n".join(lines) + "\n"
 
 
-def submit(script: str, script_path: str, name: str, log: str, flags: list[str], after: list[str]) -> str:
-    """`sbatch` the script (written to `script_path`), after every job of `after` succeeded; returns its job id."""
+def submit(script: str, script_path: str, name: str, log: str, flags: list[str], after: list[str],
+           dependency: str = "afterok") -> str:
+    """`sbatch` the script (written to `script_path`) once every job of `after` succeeded (`afterok`) or ended in any
+    way (`afterany`); returns its job id."""
     os.makedirs(os.path.dirname(script_path), exist_ok=True)
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(script_path, "w") as f:
         f.write(script)
     cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", *flags]
     if after:
-        cmd += [f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"]
+        cmd += [f"--dependency={dependency}:{':'.join(after)}", "--kill-on-invalid-dep=yes"]
     try:
         out = subprocess.run(cmd + [script_path], capture_output=True, text=True, check=True, timeout=120)
     except FileNotFoundError:
@@ -181,9 +183,69 @@ def wait_for(job_ids: list[str], timeout: float = 3600.0, poll: float = 2.0) -> 
         time.sleep(poll)
 
 
+def submit_stage_job(folder: str, log_dir: str, key: str, name: str, command: list[str], opts: SlurmOptions,
+                     after: list[str], collect: bool = False, dependency: str = "afterok", identity: str = "") -> str:
+    """Submit one protocol job (a stage under `srun`, or the collecting job) and record it in `<folder>/job.json`,
+    its script in `<folder>/job.sh`, its log in `<log_dir>/<key>-<job id>.out`."""
+    log = os.path.join(log_dir, key.replace("/", "-") + "-%j.out")
+    script = os.path.join(folder, "job.sh")
+    job_id = submit(job_script(command, os.getcwd(), opts, srun=not collect), script, name, log,
+                    opts.sbatch_flags(collect=collect), after, dependency)
+    record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script, identity)
+    return job_id
+
+
+def state_of(job: Optional[dict], finished: bool) -> str:
+    """A stage's state for `--status`: done when its result is there, else its job's (queued / running / failed)."""
+    if finished:
+        return "done"
+    if not job:
+        return "not started"
+    state = job_state(job["job_id"])
+    if state == "PENDING":
+        return "queued"
+    if state in IN_FLIGHT:
+        return "running"
+    return "failed (COMPLETED without a result)" if state == "COMPLETED" else f"failed ({state})"
+
+
 def status_table(rows: list[dict]) -> str:
     """Markdown table of stages: name, state, job id, log."""
     lines = ["| stage | state | job | log |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['stage']} | {r['state']} | {r.get('job_id') or ''} | {r.get('log') or ''} |")
     return "\n".join(lines)
+
+
+def print_status(rows: list[dict]) -> None:
+    """The status table, then a count per state."""
+    print(status_table(rows))
+    counts: dict[str, int] = {}
+    for r in rows:
+        state = r["state"].split(" ")[0]
+        counts[state] = counts.get(state, 0) + 1
+    print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def add_slurm_arguments(parser) -> None:
+    """`--slurm.<field>` for every field of `SlurmOptions`, on an argparse parser (the mixture protocol's; the W2S
+    protocol's jsonargparse parser takes the dataclass itself)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(SlurmOptions)
+    for f in dataclasses.fields(SlurmOptions):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = hints[f.name]
+        if kind == list[str]:
+            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", action="append", default=default,
+                                help="repeatable")
+        else:
+            conv = int if kind in (int, Optional[int]) else str
+            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", type=conv, default=default)
+
+
+def options_from_args(args) -> SlurmOptions:
+    import dataclasses
+
+    return SlurmOptions(**{f.name: getattr(args, f"slurm_{f.name}") for f in dataclasses.fields(SlurmOptions)})

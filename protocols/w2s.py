@@ -602,12 +602,12 @@ def parse(args: Optional[list[str]] = None) -> W2SProtocol:
 def main(args: Optional[list[str]] = None) -> Any:
     """Runs the protocol as the flags say: the results (local, --collect, --stage: that stage's result) or the
     status rows (--status, --launcher slurm)."""
-    from protocols import w2s_cluster
+    from protocols import slurm, w2s_cluster
 
     protocol, force, modes = _parse(args)
     if modes["status"]:
         rows = w2s_cluster.status(protocol)
-        w2s_cluster.print_status(rows)
+        slurm.print_status(rows)
         return rows
     if modes["collect"]:
         return w2s_cluster.collect(protocol)
@@ -615,7 +615,7 @@ def main(args: Optional[list[str]] = None) -> Any:
         return w2s_cluster.run_one_stage(protocol, modes["stage"], force)
     if modes["launcher"] == "slurm":
         rows = w2s_cluster.submit(protocol, force, modes["slurm"], wait=modes["wait"])
-        w2s_cluster.print_status(rows)
+        slurm.print_status(rows)
         return rows
     return run_protocol(protocol, force=force)
 

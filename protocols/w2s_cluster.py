@@ -5,7 +5,6 @@ rules, the same per-stage lock and atomic writes, so a cluster run's table equal
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -78,31 +77,15 @@ def collect(p: W2SProtocol) -> dict:
 def status(p: W2SProtocol) -> list[dict]:
     """Each stage (and the collecting job) as done / queued / running / failed / not started, with job id and log."""
     rows = []
+    published = os.path.isfile(os.path.join(p.out_dir, "results", "results.json"))
     for stage in prepare(p, ForceSpec(None)) + [None]:
         key = stage_key(stage) if stage else COLLECT
-        job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json")) or {}
-        if stage is not None and read_json(stage.result_path) is not None:
-            state = "done"
-        elif stage is None and os.path.isfile(os.path.join(p.out_dir, "results", "results.json")) and not job:
-            state = "done"
-        elif job:
-            state = _job_state(job["job_id"], finished=stage is None and os.path.isfile(
-                os.path.join(p.out_dir, "results", "results.json")))
-        else:
-            state = "not started"
-        rows.append({"stage": key, "state": state, "job_id": job.get("job_id"), "log": job.get("log")})
+        job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json"))
+        finished = read_json(stage.result_path) is not None if stage else published and (
+            not job or slurm.job_state(job["job_id"]) == "COMPLETED")
+        rows.append({"stage": key, "state": slurm.state_of(job, finished), "job_id": (job or {}).get("job_id"),
+                     "log": (job or {}).get("log")})
     return rows
-
-
-def _job_state(job_id: str, finished: bool) -> str:
-    state = slurm.job_state(job_id)
-    if state == "PENDING":
-        return "queued"
-    if state in slurm.IN_FLIGHT:
-        return "running"
-    if state == "COMPLETED":
-        return "done" if finished else "failed (COMPLETED without a result)"
-    return f"failed ({state})"
 
 
 # ---- submission --------------------------------------------------------------------------------------------------
@@ -187,23 +170,6 @@ def _up(stages: list[Stage], stage: Stage, name: str) -> Stage:
 
 def _submit(out_dir: str, key: str, command: list[str], opts: slurm.SlurmOptions, after: list[str], srun: bool,
             identity: str) -> str:
-    folder = stage_folder(out_dir, key)
-    log = os.path.join(out_dir, "logs", key.replace("/", "-") + "-%j.out")
-    script = os.path.join(folder, "job.sh")
-    job_id = slurm.submit(slurm.job_script(command, os.getcwd(), opts, srun), script,
-                          f"w2s:{os.path.basename(os.path.abspath(out_dir))}:{key}", log,
-                          opts.sbatch_flags(collect=not srun), after)
-    slurm.record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script, identity)
-    return job_id
-
-
-def print_status(rows: list[dict]) -> None:
-    print(slurm.status_table(rows))
-    counts = {}
-    for r in rows:
-        counts[r["state"].split(" ")[0]] = counts.get(r["state"].split(" ")[0], 0) + 1
-    print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-
-
-def as_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=1)
+    return slurm.submit_stage_job(stage_folder(out_dir, key), os.path.join(out_dir, "logs"), key,
+                                  f"w2s:{os.path.basename(os.path.abspath(out_dir))}:{key}", command, opts, after,
+                                  collect=not srun, identity=identity)

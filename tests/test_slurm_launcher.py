@@ -119,3 +119,49 @@ def test_cancelled_job_is_resubmitted_alone_and_leaves_nothing_half_written(clus
 def _progress(cfg, stage) -> str:
     """Any sign that the stage's fit began (its TensorBoard folder): the log may be buffered."""
     return "Epoch" if glob.glob(os.path.join(cfg["out_dir"], "seed0", stage, "fit", "events.*")) else ""
+
+
+TINY_MIXTURE = ["two_policies", "--stages", "two_policies_rl_A", "--seeds", "0", "1",
+                "--sft-set=--trainer.max_steps=6", "--sft-set=--data.num_train=512",
+                "--sft-set=--data.num_val_per_distribution=8", "--sft-set=--model.fidelity_prompts_per_distribution=4",
+                "--sft-set=--trainer.val_check_interval=3", "--set=--model.min_sft_fidelity=0",
+                "--set=--trainer.max_steps=2", "--set=--data.num_val_per_distribution=8",
+                "--set=--trainer.val_check_interval=1", "--set=--data.num_train=64", "--report", "tiny"]
+
+
+def _mixture_tables(out) -> dict:
+    """What the report says of each stage and seed, without wall times and paths."""
+    report = json.load(open(os.path.join(out, "two_policies", "tiny_results.json")))
+    return {name: {"summary": stage.get("summary"),
+                   "records": {s: {k: r.get(k) for k in ("status", "sft", "error")}
+                               for s, r in stage["records"].items()}}
+            for name, stage in report["stages"].items()}
+
+
+def test_two_policy_mixture_under_slurm_writes_the_local_tables(cluster, tmp_path, monkeypatch):
+    from protocols import mixture
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs' thread count (cpus_per_task 1): the same arithmetic
+    assert mixture.main(TINY_MIXTURE + ["--out", str(tmp_path / "local")]) == 0
+    expected = _mixture_tables(tmp_path / "local")
+    assert expected["sft"]["records"]["0"]["sft"]["fidelity_mean"] > 0  # real numbers to compare
+
+    out = str(tmp_path / "slurm")
+    assert mixture.main(TINY_MIXTURE + ["--out", out, "--launcher", "slurm", "--wait"]) == 0
+    assert _mixture_tables(out) == expected
+    status = {r["stage"]: r for r in mixture_cluster_status(out)}
+    assert {k: v["state"] for k, v in status.items()} == {
+        "seed_0/sft": "done", "seed_0/two_policies_rl_A": "done", "seed_1/sft": "done",
+        "seed_1/two_policies_rl_A": "done", "collect": "done"}
+    assert len({v["job_id"] for v in status.values()}) == 5
+    # everything finished: a rerun submits nothing and writes the same report at once
+    assert mixture.main(TINY_MIXTURE + ["--out", out, "--launcher", "slurm"]) == 0
+    assert {r["stage"]: r["job_id"] for r in mixture_cluster_status(out)} == {k: v["job_id"] for k, v in status.items()}
+    assert _mixture_tables(out) == expected
+
+
+def mixture_cluster_status(out) -> list[dict]:
+    from protocols import mixture, mixture_cluster
+
+    exp = mixture.EXPERIMENTS["two_policies"]
+    return mixture_cluster.status(exp, mixture._selected(exp, ["two_policies_rl_A"]), [0, 1], out, "tiny")
