@@ -4,21 +4,32 @@ The LM is built lazily from the datamodule's tokenizer (`_build_model`), early e
 (callbacks' `setup` runs before the module's). Evaluation samples one completion per held-out prompt on every
 distribution (temperature `eval_temperature`: 1.0 reads the mixture weights off the persona shares; 0 = greedy)
 and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw counts for callbacks.
+
+Evaluation never moves the training trajectory: each batch draws from a generator of its own, seeded from the
+process's torch seed (`seed_everything`'s, offset on ranks > 0), the global step and the batch's prompt indices
+(`evaluation_seed`), and the global RNG state at the end of a validation inside a fit is the one it had before it
+(the validation loader's iterator draws a seed from it). Changing the evaluation cadence therefore leaves an RL run
+bit-identical, and an evaluation's completions do not depend on the evaluations before it
+(tests/test_eval_sampling_generator.py).
 """
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+import random
+from contextlib import contextmanager
+from typing import Literal, Optional, Sequence
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_modules.checkpoint_checks import POLICY_CLASSES, load_checked
 from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
 from lightning_modules.policy.rewards import correctness_reward, parse_completion
-from lightning_modules.fast.static_decoder import sample_static
+from lightning_modules.fast.static_decoder import sample_static, supports
 
 Sampler = Literal["hf_generate", "kv_loop", "static"]
 
@@ -56,6 +67,41 @@ def sample_completions(model, input_ids, attention_mask, max_new_tokens: int, te
 SAMPLERS = {"hf_generate": sample_completions, "kv_loop": sample_with_kv_cache, "static": sample_static}
 
 
+def evaluation_seed(seed: int, step: int, prompts: Sequence[int]) -> int:
+    """The seed of an evaluation batch: a function of the process's seed, the global step and the batch's prompt
+    indices alone, so a batch draws the same completions whatever evaluations ran before it. SeedSequence hashes the
+    tuple, so neighbouring steps or prompts do not give correlated streams."""
+    entropy = [seed % 2**64, step, 0xE7A1, *(int(i) for i in prompts)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]) & (2**63 - 1)
+
+
+def _global_rng_state(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+
+
+def _set_global_rng_state(state: tuple, device: torch.device) -> None:
+    cpu, cuda, numpy_state, python_state = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
+@contextmanager
+def _global_rng_seeded(seed: int, device: torch.device):
+    """Run the block on the global torch RNG seeded with `seed`, then put back the state it had."""
+    state = _global_rng_state(device)
+    try:
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(seed)  # the current device only: the others keep their state untouched
+        yield
+    finally:
+        _set_global_rng_state(state, device)
+
+
 class PolicyLMBase(LightningModule):
     """Base of `PolicySFTModule` / `PolicyRLModule` (not used on its own)."""
 
@@ -80,6 +126,7 @@ class PolicyLMBase(LightningModule):
         self.loaded_fidelity: Optional[dict] = None  # persona fidelity carried by init_checkpoint
         self.metric: Optional[MixtureMetrics] = None
         self.last_eval: Optional[dict] = None
+        self._rng_before_eval: Optional[tuple] = None  # the global RNG state a validation inside a fit gives back
 
     # ------------------------------------------------------------------------------------------------ building
     def _datamodule(self):
@@ -165,10 +212,21 @@ class PolicyLMBase(LightningModule):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
         return out.logits  # (B, T, V)
 
-    def sample(self, input_ids, attention_mask, temperature: float):
+    def sample(self, input_ids, attention_mask, temperature: float, generator: Optional[torch.Generator] = None):
+        """Completions (B, L) and their mask (B, L) from `--model.sampler`; the draws come from `generator` when
+        given (the global RNG is then left as it was), else from the global RNG."""
         tok = self.tokenizer
-        return SAMPLERS[self.sampler](self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature,
-                                      tok.eos_token_id, tok.pad_token_id)
+        args = (self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature, tok.eos_token_id,
+                tok.pad_token_id)
+        if generator is None:
+            return SAMPLERS[self.sampler](*args)
+        if self.sampler == "static" and supports(self.model):
+            return sample_static(*args, generator=generator)
+        # kv_loop, hf_generate and static's fallback take no generator: they draw from the global RNG, seeded from
+        # `generator` for the call and then put back, so the caller's stream never moves
+        seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
+        with _global_rng_seeded(seed, input_ids.device):
+            return SAMPLERS[self.sampler](*args)
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
@@ -191,7 +249,8 @@ class PolicyLMBase(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate_batch(self, batch: dict) -> None:
-        comp, _ = self.sample(batch["input_ids"], batch["attention_mask"], self.hparams.eval_temperature)
+        comp, _ = self.sample(batch["input_ids"], batch["attention_mask"], self.hparams.eval_temperature,
+                              generator=self._evaluation_generator(batch["sample_idx"]))
         s = self.score(comp, batch["records"])
         self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"],
                            s["shifted"])
@@ -207,6 +266,27 @@ class PolicyLMBase(LightningModule):
             # (sync_dist only keeps Lightning from warning about unsynced epoch-level values under DDP)
             self.log_dict(flat, sync_dist=True)
         return flat
+
+    def _evaluation_generator(self, sample_idx: torch.Tensor) -> torch.Generator:
+        # torch.initial_seed(): seed_everything's seed, rank-offset by `_decorrelate_ranks` (ranks draw apart as their
+        # rollouts do); a callback that re-seeds torch per prompt (tests/ddp_policy_script.py) still steers the draws
+        seed = evaluation_seed(torch.initial_seed(), int(self.global_step), sample_idx.tolist())
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # A validation inside the fit runs after this hook; its loader's iterator draws its base seed from the global
+        # RNG before any validation hook runs, so the state to give back is taken here (a few KB copied per step).
+        self._rng_before_eval = _global_rng_state(self.device)
+
+    def on_validation_end(self) -> None:
+        # Lightning isolates the sanity check's RNG itself; a validation between training batches gives the state back
+        if (self._rng_before_eval is not None and self.trainer.state.fn == TrainerFn.FITTING
+                and not self.trainer.sanity_checking):
+            _set_global_rng_state(self._rng_before_eval, self.device)
+        self._rng_before_eval = None
+
+    def on_fit_end(self) -> None:
+        self._rng_before_eval = None  # a later trainer.validate() must not rewind to this fit's last step
 
     def on_validation_epoch_start(self) -> None:
         self.metric.reset()  # also clears ddp_spawn's shared initial state (torchmetrics state is shared memory between spawned ranks until the first reset)
