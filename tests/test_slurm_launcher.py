@@ -165,3 +165,30 @@ def mixture_cluster_status(out) -> list[dict]:
 
     exp = mixture.EXPERIMENTS["two_policies"]
     return mixture_cluster.status(exp, mixture._selected(exp, ["two_policies_rl_A"]), [0, 1], out, "tiny")
+
+
+def test_a_stage_spanning_two_tasks_runs_lightning_ddp_from_slurm_and_equals_local_ddp(cluster, tmp_path,
+                                                                                       word_tokenizer_dir):
+    """`--slurm.ntasks_per_node 2`: each stage job runs 2 processes under srun, which Lightning joins into one DDP
+    group from SLURM's environment (no launcher of ours); the table equals a local 2-process DDP run's, and both
+    keep the exact metrics the DDP tests assert."""
+    import sys
+
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, str(tmp_path / "cache"), extra_args=ddp)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "SLURM_CONF")}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ddp_protocol_script.py"), str(tmp_path),
+                           "--config", _write(tmp_path, cfg)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = _table(cfg["out_dir"])
+
+    on_slurm = dict(cfg, out_dir=str(tmp_path / "slurm"))
+    for key in ("teacher_args", "student_args"):  # the launcher gives the trainer its processes
+        on_slurm[key] = [a for a in cfg[key] if a not in ddp] + ["--trainer.accelerator=cpu"]
+    rows = run_protocol(["--config", _write(tmp_path, on_slurm, "slurm.yaml"), "--launcher", "slurm", "--wait",
+                         "--slurm.ntasks_per_node=2"])
+    assert set(_states(rows).values()) == {"done"}
+    assert _table(on_slurm["out_dir"]) == expected
+    log = open(rows[0]["log"]).read()
+    assert "GLOBAL_RANK: 1" in log or "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in log
