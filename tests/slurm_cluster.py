@@ -26,8 +26,6 @@ def available() -> str:
     missing = [b for b in BINARIES if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
     if missing:
         return f"SLURM / munge not installed ({missing}); .ci/run installs slurmctld slurmd slurm-client munge"
-    if not os.path.isfile("/etc/munge/munge.key"):
-        return "no /etc/munge/munge.key (the munge package creates it)"
     return ""
 
 
@@ -56,7 +54,11 @@ def up(folder: str, cpus: int | None = None) -> dict[str, str]:
     for sub in ("state", "spool", "log"):
         os.makedirs(os.path.join(folder, sub), exist_ok=True)
     os.makedirs(munge, exist_ok=True)
-    shutil.copy("/etc/munge/munge.key", os.path.join(munge, "munge.key"))
+    key = os.path.join(munge, "munge.key")
+    if os.path.isfile("/etc/munge/munge.key"):  # the package's key (its postinst makes one)
+        shutil.copy("/etc/munge/munge.key", key)
+    else:
+        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True)
     shutil.chown(munge, "munge", "munge")
     shutil.chown(os.path.join(munge, "munge.key"), "munge", "munge")
     os.chmod(munge, 0o711)

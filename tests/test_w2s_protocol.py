@@ -402,7 +402,8 @@ def test_report_tabulates_the_teachers_label_structure_per_seed():
 
 
 # ---- the shipped configs -----------------------------------------------------------------------------------------
-PAPER = sorted(glob.glob(os.path.join(ROOT, "configs/experiment/paper/*.yaml")))
+PAPER = sorted(p for p in glob.glob(os.path.join(ROOT, "configs/experiment/paper/*.yaml"))
+               if not p.endswith("grid.yaml"))  # the grid of them: tests/test_grid.py
 
 
 @pytest.mark.parametrize("path", PAPER + sorted(glob.glob(os.path.join(ROOT, "configs/experiment/*.yaml"))),
