@@ -42,6 +42,7 @@ from lightning_modules.export.hf_classifier import (
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.data_identity import data_identity
+from protocols.rank_errors import on_rank_zero, rank_zero_section
 from protocols.run_files import OutDirLock, is_global_zero, publish_set, read_json
 from protocols.stage_identity import (
     ForceSpec, StageChangedError, digest, identity_changes, refusal, resolve_cli_config, stage_identity,
@@ -383,12 +384,12 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
         raise refusal([(stage.dir, diff)])
     if forced:
         forced_runs.add((stage.name, stage.seed))
-    if is_global_zero():
-        clear_stage_dir(stage.dir)
+    on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
     run = run_test_stage if stage.pretrained else run_stage
     result = run(stage, stage.args + upstream_args(stage, done), identity)
-    if stage.name == "ceiling" and is_global_zero():  # the methods' --model.ceiling_results
-        atomic_write_json({k: v for k, v in result["test"].items() if k != "transfer"}, ceiling_results_path(stage))
+    if stage.name == "ceiling":  # the methods' --model.ceiling_results
+        on_rank_zero(f"write the ceiling results of {stage.dir}", atomic_write_json,
+                     {k: v for k, v in result["test"].items() if k != "transfer"}, ceiling_results_path(stage))
     return result
 
 
@@ -440,8 +441,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         result["drift"] = drift
     if teacher_labels:
         result["teacher_labels"] = teacher_labels
-    if is_global_zero():
-        atomic_write_json(result, stage.result_path)
+    on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
 
 
@@ -458,8 +458,7 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     result = {"test": test.model.test_results, "checkpoint": stage.pretrained, "fit_seconds": 0.0,
               "test_seconds": round(time.time() - start, 1), "identity": identity, "run": run, "args": args,
               "pretrained": stage.pretrained}
-    if is_global_zero():
-        atomic_write_json(result, stage.result_path)
+    on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
 
 
@@ -469,9 +468,7 @@ def _selected_checkpoint(trainer, stage: Stage) -> str:
         return callback.best_model_path  # the same path on every rank (ModelCheckpoint broadcasts its folder)
     # The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run).
     path = os.path.join(stage.dir, "final.ckpt")
-    trainer.save_checkpoint(path + ".tmp")  # every rank takes part; the strategy writes on rank 0 only
-    if trainer.is_global_zero:
-        os.replace(path + ".tmp", path)
+    trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes it whole (AtomicCheckpointIO)
     trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
     return path
 
@@ -484,9 +481,8 @@ def _find_drift_callback(trainer) -> Any:
 
 
 def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
-    if is_global_zero():
-        atomic_write(os.path.join(stage_dir, "commands.sh"),
-                     "".join("python cli.py " + " ".join(shlex.quote(a) for a in c) + "\n" for c in commands))
+    on_rank_zero(f"write {stage_dir}/commands.sh", atomic_write, os.path.join(stage_dir, "commands.sh"),
+                 "".join("python cli.py " + " ".join(shlex.quote(a) for a in c) + "\n" for c in commands))
 
 
 # ---- the protocol -------------------------------------------------------------------------------------------------
@@ -538,16 +534,17 @@ def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[in
     from protocols.w2s_report import RESULT_LINKS, RESULTS_DIR, summarize, write_reports
 
     results = summarize(p, done)
-    if is_global_zero():
-        def write(folder: str) -> None:
-            atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
-            write_reports(folder, results)
-            write_hparams(folder, stages, done, results["id_source"])
+    with rank_zero_section(f"publish the results of {p.out_dir}") as rank0:  # a failure ends every rank at once
+        if rank0:
+            def write(folder: str) -> None:
+                atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
+                write_reports(folder, results)
+                write_hparams(folder, stages, done, results["id_source"])
 
-        publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
-        for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
-            shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
-        print(results["markdown"])
+            publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
+            for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
+                shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
+            print(results["markdown"])
     return results
 
 
