@@ -202,9 +202,11 @@ class PolicyLMBase(LightningModule):
 
     def configure_optimizers(self):
         # fused: one kernel over all parameters (the per-tensor foreach path costs ~10% of a small GRPO step on CPU);
-        # the same update to float rounding
+        # the same update to float rounding. Not under mixed precision: Lightning refuses to clip the gradients of an
+        # optimizer that unscales them itself (fused AdamW says it does), and the policies clip by default.
+        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
-                                 fused=True)
+                                 fused=not mixed)
 
     # ------------------------------------------------------------------------------------------------ forward
     def sequence_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, model=None) -> torch.Tensor:

@@ -39,7 +39,9 @@ def build_causal_lm(
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(backbone)
+        # fp32 weights whatever the checkpoint's dtype (hub checkpoints are often bf16): the policy is fully
+        # fine-tuned, and bf16-mixed keeps fp32 master weights only if they start in fp32
+        model = AutoModelForCausalLM.from_pretrained(backbone, dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise OSError(
             f"--model.backbone {backbone!r} could not be loaded: {str(err)[:300]}\n"
