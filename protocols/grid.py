@@ -131,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows = w2s.main(["--config", config, "--status", *grid.args] if status else flags)
         if isinstance(rows, list):
             for r in rows:
-                state = r["state"].split(" ")[0]
+                state = r["state"].split(" (")[0]
                 counts[state] = counts.get(state, 0) + 1
     if counts:
         print("grid: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))

@@ -222,7 +222,7 @@ def print_status(rows: list[dict]) -> None:
     print(status_table(rows))
     counts: dict[str, int] = {}
     for r in rows:
-        state = r["state"].split(" ")[0]
+        state = r["state"].split(" (")[0]
         counts[state] = counts.get(state, 0) + 1
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 

@@ -78,7 +78,7 @@ def status(p: W2SProtocol) -> list[dict]:
     """Each stage (and the collecting job) as done / queued / running / failed / not started, with job id and log."""
     rows = []
     published = os.path.isfile(os.path.join(p.out_dir, "results", "results.json"))
-    for stage in prepare(p, ForceSpec(None)) + [None]:
+    for stage in plan_stages(p) + [None]:  # no validation: status reads files and SLURM only (no model config)
         key = stage_key(stage) if stage else COLLECT
         job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json"))
         finished = read_json(stage.result_path) is not None if stage else published and (
