@@ -374,3 +374,24 @@ def test_data_preparation_removes_orphans_of_killed_runs(word_tokenizer_dir, cac
     tiny_data(word_tokenizer_dir, cache_dir).prepare_data()
     assert sorted(os.listdir(tokenized)) == sorted(complete + [live.name])
     assert len(os.listdir(prepared)) == 1 and not os.listdir(prepared)[0].startswith("abc")
+
+
+# ---- issue 29, item 2: options a source does not take -----------------------------------------------------------
+def test_options_a_source_does_not_take_fail_at_construction_naming_flag_and_source(word_tokenizer_dir, cache_dir):
+    from datamodules.preference.datamodule import PreferenceDataModule
+
+    from tests.conftest import HUB_FIXTURES
+
+    hub = os.path.join(HUB_FIXTURES, "hh_helpful")
+    common = dict(source="hh_helpful", tokenizer=word_tokenizer_dir, local_dirs={"hh_helpful": hub}, cache_dir=cache_dir)
+    with pytest.raises(ValueError, match=r"--data.teacher_source_options: source 'hh_helpful' takes no option\(s\) "
+                                         r"\['artifact_rate'\]"):
+        PreferenceDataModule(**common, teacher_source_options={"artifact_rate": 0.8})
+    with pytest.raises(ValueError, match=r"--data.source_options: source 'hh_helpful' takes no option\(s\) \['n_train'\]"):
+        PreferenceDataModule(**common, source_options={"hh_helpful": {"n_train": 10}})
+    # a synthetic source takes its generator's options, and refuses one it does not know, naming it
+    PreferenceDataModule(source="synth_helpful_cooking", tokenizer=word_tokenizer_dir, cache_dir=cache_dir,
+                         teacher_source_options={"artifact_rate": 0.8})
+    with pytest.raises(ValueError, match=r"--data.source_options for source 'synth_helpful_cooking': .*artefact_rate"):
+        PreferenceDataModule(source="synth_helpful_cooking", tokenizer=word_tokenizer_dir, cache_dir=cache_dir,
+                             source_options={"synth_helpful_cooking": {"artefact_rate": 0.8}})

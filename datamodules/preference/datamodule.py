@@ -159,6 +159,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         _validate(source, ood_targets, truncation, train_subset, teacher_fraction, val_fraction, max_pairs,
                   batch_size, eval_batch_size, local_dirs, source_options)
+        _check_source_options(source, ood_targets, local_dirs, source_options, teacher_source_options)
         if (teacher_checkpoint or weak_labels) and train_subset != "student":
             raise ValueError("--data.teacher_checkpoint / --data.weak_labels label the student half: "
                              f"set --data.train_subset student (got {train_subset!r})")
@@ -604,6 +605,30 @@ def _validate(source, ood_targets, truncation, train_subset, teacher_fraction, v
         extra = set(mapping) - known
         if extra:
             raise ValueError(f"{flag} names {sorted(extra)}, which are neither --data.source nor --data.ood_targets")
+
+
+def _check_source_options(source: str, ood_targets: list[str], local_dirs: dict, source_options: dict,
+                          teacher_source_options: dict) -> None:
+    """Options a source does not take fail here, naming the flag and the source -- not as a TypeError of the
+    source's constructor when records load, minutes later (a generator option such as `artifact_rate` on a hub or
+    local-file source, which has none)."""
+    from datamodules.preference.sources import build_source
+
+    checks = [("--data.source_options", name, source_options.get(name, {})) for name in [source, *ood_targets]]
+    if teacher_source_options:
+        checks.append(("--data.teacher_source_options", source,
+                       {**source_options.get(source, {}), **teacher_source_options}))
+    for flag, name, options in checks:
+        if not options:
+            continue
+        try:
+            build_source(name, local_dirs.get(name), **options)  # constructors only store and check: no data read
+        except TypeError as err:
+            raise ValueError(f"{flag}: source {name!r} takes no option(s) {sorted(options)} (it is read as it is "
+                             f"from its files or the hub; generator options apply to the synthetic sources): "
+                             f"{err}") from None
+        except (ValueError, DataError) as err:
+            raise ValueError(f"{flag} for source {name!r}: {err}") from None
 
 
 def check_checkpoint_file(path: str, flag: str) -> None:
