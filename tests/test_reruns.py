@@ -155,7 +155,11 @@ def test_mixture_protocol_holds_its_family_folder(tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RuntimeError, match=rf"{folder} is in use by another protocol run \(PID {holder.pid}"):
-            mixture.main(["two_policies", "--seeds", "0", "--out", str(tmp_path), "--sft-set=--model.lr=1e-3"])
+            # tiny, so that code without the lock (d2cc27e) runs it in seconds and fails here instead of hanging
+            mixture.main(["two_policies", "--seeds", "0", "--out", str(tmp_path), "--stages", "sft",
+                          "--sft-set=--trainer.max_steps=1", "--sft-set=--data.num_train=64",
+                          "--sft-set=--data.num_val_per_distribution=4",
+                          "--sft-set=--model.fidelity_prompts_per_distribution=2"])
         assert not os.path.exists(os.path.join(folder, "seed_0"))  # nothing started
     finally:
         holder.kill()
