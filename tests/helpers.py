@@ -36,3 +36,14 @@ def quiet_trainer(root: str, **kwargs) -> pl.Trainer:
                     deterministic=True, default_root_dir=root)
     defaults.update(kwargs)
     return pl.Trainer(**defaults)
+
+
+def tiny_teacher_checkpoint(tmp_path_factory, tokenizer_dir: str, cache_dir: str, max_steps: int = 4) -> str:
+    """A tiny reward model trained for a few steps on the teacher half (seed 3), saved as a Lightning checkpoint."""
+    pl.seed_everything(3)
+    teacher = tiny_model(tokenizer_dir)
+    trainer = quiet_trainer(str(tmp_path_factory.mktemp("teacher")), max_steps=max_steps, limit_val_batches=0)
+    trainer.fit(teacher, tiny_data(tokenizer_dir, cache_dir, train_subset="teacher"))
+    path = str(tmp_path_factory.mktemp("ckpt") / "teacher.ckpt")
+    trainer.save_checkpoint(path)
+    return path

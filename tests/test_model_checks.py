@@ -8,14 +8,13 @@ import struct
 import zipfile
 
 import lightning as L
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from datamodules.preference.weak_labels import load_teacher
 from datamodules.triggers.datamodule import TriggerDataModule
 from lightning_modules.policy.sft import PolicySFTModule
-from tests.helpers import quiet_trainer, tiny_data, tiny_model
+from tests.helpers import tiny_data, tiny_model, tiny_teacher_checkpoint
 
 POLICY = dict(n_layer=1, n_embd=32, n_head=2, max_positions=64)
 CFG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -26,14 +25,8 @@ CPU, TINY, SYNTH = (os.path.join(CFG, *p) for p in (("trainer", "cpu.yaml"), ("m
 # ---- fixtures: one tiny teacher and one tiny SFT policy checkpoint per module --------------------------------
 @pytest.fixture(scope="module")
 def teacher_ckpt(tmp_path_factory, word_tokenizer_dir):
-    pl.seed_everything(3)
-    cache = str(tmp_path_factory.mktemp("teacher_cache"))
-    teacher = tiny_model(word_tokenizer_dir)
-    trainer = quiet_trainer(str(tmp_path_factory.mktemp("teacher")), max_steps=2, limit_val_batches=0)
-    trainer.fit(teacher, tiny_data(word_tokenizer_dir, cache, train_subset="teacher"))
-    path = str(tmp_path_factory.mktemp("ckpt") / "teacher.ckpt")
-    trainer.save_checkpoint(path)
-    return path
+    return tiny_teacher_checkpoint(tmp_path_factory, word_tokenizer_dir, str(tmp_path_factory.mktemp("teacher_cache")),
+                                   max_steps=2)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@ import json
 import os
 import random
 
-import lightning.pytorch as pl
 import pytest
 import yaml
 
 from protocols.shortcut_probe import ShortcutProbe, markdown, split_structure
-from tests.helpers import quiet_trainer, synth_options, tiny_data, tiny_model
+from tests.helpers import synth_options, tiny_teacher_checkpoint
 
 TOPICS = ["pasta", "bread", "rice", "soup", "salad", "cake", "curry", "tofu", "beans", "pizza", "noodles", "fish"]
 FILLER = ["first", "then", "slowly", "gently", "warm", "fresh", "simple", "quick", "small", "large", "clean", "dry"]
@@ -162,13 +161,7 @@ def test_where_quality_is_response_local_the_probe_learns_it_too():
 
 @pytest.fixture
 def teacher_ckpt(tmp_path_factory, word_tokenizer_dir, cache_dir):
-    pl.seed_everything(3)
-    teacher = tiny_model(word_tokenizer_dir)
-    trainer = quiet_trainer(str(tmp_path_factory.mktemp("teacher")), max_steps=4, limit_val_batches=0)
-    trainer.fit(teacher, tiny_data(word_tokenizer_dir, cache_dir, train_subset="teacher"))
-    path = str(tmp_path_factory.mktemp("ckpt") / "teacher.ckpt")
-    trainer.save_checkpoint(path)
-    return path
+    return tiny_teacher_checkpoint(tmp_path_factory, word_tokenizer_dir, cache_dir)
 
 
 def test_cli_agrees_with_teacher_structure_and_runs_on_a_hub_schema(tmp_path, teacher_ckpt, word_tokenizer_dir,

@@ -1,13 +1,12 @@
 """Weak labels: q = σ(Δ_teacher / T) on the student half, in the recorded per-pair order, T = 0 hard."""
 import math
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from datamodules.preference.datamodule import tempered
 from datamodules.preference.weak_labels import swap_order
-from tests.helpers import quiet_trainer, tiny_data, tiny_model
+from tests.helpers import tiny_data, tiny_teacher_checkpoint
 
 
 def test_tempered_labels_by_hand():
@@ -21,13 +20,7 @@ def test_tempered_labels_by_hand():
 
 @pytest.fixture
 def teacher_ckpt(tmp_path_factory, word_tokenizer_dir, cache_dir):
-    pl.seed_everything(3)
-    teacher = tiny_model(word_tokenizer_dir)
-    trainer = quiet_trainer(str(tmp_path_factory.mktemp("teacher")), max_steps=4, limit_val_batches=0)
-    trainer.fit(teacher, tiny_data(word_tokenizer_dir, cache_dir, train_subset="teacher"))
-    path = str(tmp_path_factory.mktemp("ckpt") / "teacher.ckpt")
-    trainer.save_checkpoint(path)
-    return path
+    return tiny_teacher_checkpoint(tmp_path_factory, word_tokenizer_dir, cache_dir)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
