@@ -149,47 +149,33 @@ def _source_names(flat: dict) -> list[str]:
     return [n for n in names if isinstance(n, str)]
 
 
+def _registered_sources(flat: dict) -> list[type]:
+    """The registered classes of the stage's sources that no local folder replaces (generated or read from the hub)."""
+    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
+
+    _import_builtin_sources()
+    local = {k.rsplit(".", 1)[-1] for k in flat if k.startswith("data.init_args.local_dirs.")}
+    return [SOURCES[n] for n in _source_names(flat) if n in SOURCES and n not in local]
+
+
 def _generators(flat: dict) -> dict[str, str]:
     """The version (code hash) of each generator whose records the stage reads."""
+    from datamodules.preference.prepared_index import _generator_code, code_hash
+    from datamodules.preference.sources.synthetic import SyntheticShiftSource
+
     out = {}
     if _data_class(flat).endswith("TriggerDataModule"):
         from datamodules.triggers import families, question_fixtures, questions
 
-        out["triggers"] = _code_hash(families, questions, question_fixtures)
-    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
-    from datamodules.preference.sources.synthetic import SyntheticShiftSource
-
-    _import_builtin_sources()
-    local = {k.rsplit(".", 1)[-1] for k in flat if k.startswith("data.init_args.local_dirs.")}
-    if any(isinstance(SOURCES.get(n), type) and issubclass(SOURCES[n], SyntheticShiftSource) and n not in local
-           for n in _source_names(flat)):
-        from datamodules.preference.prepared_index import _generator_code
-
+        out["triggers"] = code_hash(families, questions, question_fixtures)
+    if any(issubclass(cls, SyntheticShiftSource) for cls in _registered_sources(flat)):
         out["synthetic_shift"] = _generator_code()
     return out
 
 
-def _code_hash(*modules) -> str:
-    h = hashlib.sha1()
-    for module in modules:
-        with open(module.__file__, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
-
-
 def _hub_revisions(flat: dict) -> dict[str, str]:
     """Hub datasets read by id (no local folder given): their resolved revision."""
-    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
-
-    _import_builtin_sources()
-    local = {k.rsplit(".", 1)[-1] for k in flat if k.startswith("data.init_args.local_dirs.")}
-    out = {}
-    for name in _source_names(flat):
-        cls = SOURCES.get(name)
-        hub_id = getattr(cls, "hub_id", "") if cls is not None else ""
-        if hub_id and name not in local:
-            out[hub_id] = hub_revision(hub_id)
-    return out
+    return {cls.hub_id: hub_revision(cls.hub_id) for cls in _registered_sources(flat) if getattr(cls, "hub_id", "")}
 
 
 def hub_revision(repo_id: str) -> str:

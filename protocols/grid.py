@@ -123,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for kind, hours in sorted(by_kind.items()):
             print(f"  {kind}: {len(hours)} stages, {min(hours):.2f}–{max(hours):.2f} GPU-h each")
         return
-    from protocols import slurm, w2s
+    from protocols import w2s
 
     counts: dict[str, int] = {}
     for config in grid.protocols:

@@ -171,6 +171,16 @@ def identity_of(stage: Stage, args: list[str], upstream: Optional[str], seed_dir
     return {"config": flat, "upstream": upstream, "data": data_identity(flat, cwd=seed_dir)}, config
 
 
+def record_path(out: str, exp: Experiment, seed: int, name: str) -> str:
+    """`<out>/<family>/seed_<k>/stages/<stage>.json`: what a stage's run left (status, checkpoint, identity, ...)."""
+    return os.path.join(out, exp.family, f"seed_{seed}", "stages", f"{name}.json")
+
+
+def skipped(stage: Stage) -> dict:
+    """The record of a stage whose start stage did not finish."""
+    return {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
+
+
 def stage_folder(out: str, exp: Experiment, key: str) -> str:
     """`<out>/<family>/.stages/seed_<k>/<stage>`: the stage's lock and its cluster job's record."""
     return os.path.join(out, exp.family, ".stages", key)
@@ -201,7 +211,7 @@ def changed_stages(exp: Experiment, stages: list[Stage], seeds: list[int], out: 
     for seed in seeds:
         seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
         for stage in stages:
-            old = finished_record(os.path.join(seed_dir, "stages", f"{stage.name}.json"))
+            old = finished_record(record_path(out, exp, seed, stage.name))
             if old is None or force.forces(stage.name, seed):
                 continue
             args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
@@ -238,7 +248,7 @@ def run_stage(exp: Experiment, stage: Stage, seed: int, out: str, extra: dict, t
     seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
     os.makedirs(os.path.join(seed_dir, "stages"), exist_ok=True)
     if stage.start and (upstream is None or upstream["status"] != "done"):
-        record = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
+        record = skipped(stage)
         print(f"[seed {seed}] {stage.name}: skipped ({record['error']})", flush=True)
         return record
     args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
@@ -250,19 +260,19 @@ def run_stage(exp: Experiment, stage: Stage, seed: int, out: str, extra: dict, t
     ckpt = checkpoint_of(stage, seed_dir, config)
     if upstream:
         args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
-    record_path = os.path.join(seed_dir, "stages", f"{stage.name}.json")
-    old = finished_record(record_path)
+    path = record_path(out, exp, seed, stage.name)
+    old = finished_record(path)
     if old is not None and not forced:
         diff = identity_changes(old, identity)
         if diff:
             raise refusal([(os.path.join(seed_dir, stage.name), diff)])
         if old.get("digest") != key:  # options added at their defaults: the same run, under today's identity
             old = dict(old, identity=identity, digest=key, run=_run_of(old))
-            _write_json(record_path, old)
+            _write_json(path, old)
         print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
         return old
     env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
-    return _run(stage, args, identity, ckpt, seed_dir, env, record_path, seed)
+    return _run(stage, args, identity, ckpt, seed_dir, env, path, seed)
 
 
 def _run_of(record: dict) -> str:
@@ -274,7 +284,7 @@ def _outputs_exist(record: dict) -> bool:
     return record.get("table") is None or os.path.isfile(record["table"])
 
 
-def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str, env: dict, record_path: str,
+def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str, env: dict, record_file: str,
          seed: int) -> dict:
     from protocols.stage_identity import digest
 
@@ -311,7 +321,7 @@ def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str
             tables = glob.glob(os.path.join(seed_dir, "runs", log_name, "version_*", "*_table.json"))
             record["table"] = max(tables, key=os.path.getmtime) if tables else None
         print(f"[seed {seed}] {stage.name}: done in {wall:.0f} s", flush=True)
-    _write_json(record_path, record)
+    _write_json(record_file, record)
     return record
 
 
@@ -436,24 +446,21 @@ def main(argv=None) -> int:
     with OutDirLock(os.path.join(out, exp.family)):  # one run per family folder: its stages and checkpoints
         if not args.collect:
             changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
-        if args.launcher == "slurm" and not args.collect:
-            if mixture_cluster.submit(args.experiment, exp, stages, args.seeds, out, extra, force, opts, name):
-                submitted = True
+        submitted = args.launcher == "slurm" and not args.collect and mixture_cluster.submit(
+            args.experiment, exp, stages, args.seeds, out, extra, force, opts, name)
+        if not submitted:
+            if args.collect or args.launcher == "slurm":  # --collect, or every stage had finished: the report now
+                records = mixture_cluster.records_on_disk(exp, stages, args.seeds, out)
             else:
-                submitted, args.collect = False, True  # every stage finished: the report now
-        if args.collect:
-            records = mixture_cluster.records_on_disk(exp, stages, args.seeds, out)
-        elif args.launcher == "local":
-            with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-                jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
-                        for seed in args.seeds}
-                records = {seed: job.result() for seed, job in jobs.items()}
-        if args.launcher == "local" or args.collect:
+                with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
+                    jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
+                            for seed in args.seeds}
+                    records = {seed: job.result() for seed, job in jobs.items()}
             from protocols.mixture_report import write_report
 
             md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
                               command=command)
-    if args.launcher == "slurm" and not args.collect and submitted:
+    if submitted:
         if args.wait:
             mixture_cluster.wait(exp, out)
         slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))

@@ -15,18 +15,16 @@ import sys
 from typing import Optional
 
 from protocols import slurm
-from protocols.mixture import Experiment, Stage, _read, finished_record, run_stage, stage_folder, stage_lock
+from protocols.mixture import (
+    Experiment, Stage, _read, finished_record, record_path, run_stage, skipped, stage_folder, stage_lock,
+)
 from protocols.stage_identity import ForceSpec
 
-COLLECT = "collect"
+COLLECT = slurm.COLLECT
 
 
 def family_dir(out: str, exp: Experiment) -> str:
     return os.path.join(out, exp.family)
-
-
-def record_path(out: str, exp: Experiment, seed: int, name: str) -> str:
-    return os.path.join(family_dir(out, exp), f"seed_{seed}", "stages", f"{name}.json")
 
 
 def run_one(exp: Experiment, stages: list[Stage], seed: int, name: str, out: str, extra: dict, threads: int,
@@ -47,7 +45,7 @@ def records_on_disk(exp: Experiment, stages: list[Stage], seeds: list[int], out:
         for stage in stages:
             upstream = recs.get(stage.start) if stage.start else None
             if stage.start and (upstream is None or upstream["status"] != "done"):
-                recs[stage.name] = {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
+                recs[stage.name] = skipped(stage)
                 continue
             rec = _read(record_path(out, exp, seed, stage.name))
             recs[stage.name] = rec or {"status": "failed", "error": "no record: its run did not finish (see --status)"}
@@ -67,11 +65,8 @@ def status(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, rep
                 state = f"failed ({rec.get('error', '')[:80]})"
             rows.append({"stage": key, "state": state, "job_id": (job or {}).get("job_id"),
                          "log": (job or {}).get("log") or rec.get("log")})
-    job = slurm.read_job(os.path.join(stage_folder(out, exp, COLLECT), "job.json"))
     published = os.path.isfile(os.path.join(family_dir(out, exp), f"{report}_results", "results.json"))
-    rows.append({"stage": COLLECT, "state": slurm.state_of(job, published and (
-        not job or slurm.job_state(job["job_id"]) == "COMPLETED")), "job_id": (job or {}).get("job_id"),
-        "log": (job or {}).get("log")})
+    rows.append(slurm.collect_row(os.path.join(stage_folder(out, exp, COLLECT), "job.json"), published))
     return rows
 
 

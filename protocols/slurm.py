@@ -106,6 +106,7 @@ class SlurmOptions:
 
 
 # ---- jobs ------------------------------------------------------------------------------------------------------
+COLLECT = "collect"  # the status row and job folder of a protocol's collecting job
 IN_FLIGHT = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
 
 
@@ -158,9 +159,8 @@ def job_state(job_id: str) -> str:
     return "UNKNOWN"
 
 
-def record_job(path: str, job_id: str, log: str, script: str, identity: str) -> None:
-    atomic_write_json({"job_id": job_id, "log": log, "script": script, "identity": identity,
-                       "submitted": time.time()}, path)
+def record_job(path: str, job_id: str, log: str, script: str) -> None:
+    atomic_write_json({"job_id": job_id, "log": log, "script": script, "submitted": time.time()}, path)
 
 
 def read_job(path: str) -> Optional[dict]:
@@ -184,14 +184,14 @@ def wait_for(job_ids: list[str], timeout: float = 3600.0, poll: float = 2.0) -> 
 
 
 def submit_stage_job(folder: str, log_dir: str, key: str, name: str, command: list[str], opts: SlurmOptions,
-                     after: list[str], collect: bool = False, dependency: str = "afterok", identity: str = "") -> str:
+                     after: list[str], collect: bool = False, dependency: str = "afterok") -> str:
     """Submit one protocol job (a stage under `srun`, or the collecting job) and record it in `<folder>/job.json`,
     its script in `<folder>/job.sh`, its log in `<log_dir>/<key>-<job id>.out`."""
     log = os.path.join(log_dir, key.replace("/", "-") + "-%j.out")
     script = os.path.join(folder, "job.sh")
     job_id = submit(job_script(command, os.getcwd(), opts, srun=not collect), script, name, log,
                     opts.sbatch_flags(collect=collect), after, dependency)
-    record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script, identity)
+    record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script)
     return job_id
 
 
@@ -207,6 +207,15 @@ def state_of(job: Optional[dict], finished: bool) -> str:
     if state in IN_FLIGHT:
         return "running"
     return "failed (COMPLETED without a result)" if state == "COMPLETED" else f"failed ({state})"
+
+
+def collect_row(job_path: str, published: bool) -> dict:
+    """The status row of a protocol's collecting job: done when the table is published and no newer collecting job
+    is still to run (or the table was written without a job), else its job's state."""
+    job = read_job(job_path)
+    finished = published and (not job or job_state(job["job_id"]) == "COMPLETED")
+    return {"stage": COLLECT, "state": state_of(job, finished), "job_id": (job or {}).get("job_id"),
+            "log": (job or {}).get("log")}
 
 
 def status_table(rows: list[dict]) -> str:

@@ -44,9 +44,9 @@ from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.data_identity import data_identity
 from protocols.rank_errors import on_rank_zero, rank_zero_section
 from protocols.run_files import OutDirLock, is_global_zero, publish_set, read_json
+from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers catch it from here
 from protocols.stage_identity import (
-    ForceSpec, StageChangedError, digest, identity_changes, refusal, resolve_cli_config, stage_identity,
-    without_location,
+    ForceSpec, digest, identity_changes, refusal, resolve_cli_config, stage_identity, without_location,
 )
 
 
@@ -372,9 +372,7 @@ def refuse_changed_stages(stages: list[Stage], force: ForceSpec) -> None:
 def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpec, forced_runs: set) -> dict:
     """The stage's finished result when its identity is unchanged, else a fresh run. `forced_runs`: (name, seed) of
     the stages forced in this invocation; a stage reading one of them follows it (its old result read old outputs)."""
-    upstream = {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
-                for name in stage.upstream}
-    identity = _identity(stage, upstream)
+    identity = _identity(stage, upstream_identity(stage, done))
     forced = force.forces(stage.name, stage.seed) or any((u, stage.seed) in forced_runs for u in stage.upstream)
     finished = read_json(stage.result_path)
     if finished is not None and not forced:
@@ -391,6 +389,12 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
         on_rank_zero(f"write the ceiling results of {stage.dir}", atomic_write_json,
                      {k: v for k, v in result["test"].items() if k != "transfer"}, ceiling_results_path(stage))
     return result
+
+
+def upstream_identity(stage: Stage, done: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """Each upstream stage's part of `stage`'s identity: its identity digest and the run it was."""
+    return {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
+            for name in stage.upstream}
 
 
 def _identity(stage: Stage, upstream: dict) -> dict:

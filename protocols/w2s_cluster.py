@@ -15,13 +15,13 @@ from typing import Optional
 from datamodules.atomic_files import atomic_write_json
 from protocols import slurm
 from protocols.run_files import OutDirLock, is_global_zero, read_json
-from protocols.stage_identity import ForceSpec, digest, identity_changes, refusal
+from protocols.stage_identity import ForceSpec, identity_changes, refusal
 from protocols.w2s import (
     Stage, W2SProtocol, _identity, plan_stages, prepare, publish_results, refuse_changed_stages, run_or_reuse,
-    stage_key, stage_lock,
+    stage_key, stage_lock, upstream_identity,
 )
 
-COLLECT = "collect"
+COLLECT = slurm.COLLECT
 
 
 def stage_folder(out_dir: str, key: str) -> str:
@@ -77,14 +77,13 @@ def collect(p: W2SProtocol) -> dict:
 def status(p: W2SProtocol) -> list[dict]:
     """Each stage (and the collecting job) as done / queued / running / failed / not started, with job id and log."""
     rows = []
-    published = os.path.isfile(os.path.join(p.out_dir, "results", "results.json"))
-    for stage in plan_stages(p) + [None]:  # no validation: status reads files and SLURM only (no model config)
-        key = stage_key(stage) if stage else COLLECT
+    for stage in plan_stages(p):  # no validation: status reads files and SLURM only (no model config)
+        key = stage_key(stage)
         job = slurm.read_job(os.path.join(stage_folder(p.out_dir, key), "job.json"))
-        finished = read_json(stage.result_path) is not None if stage else published and (
-            not job or slurm.job_state(job["job_id"]) == "COMPLETED")
-        rows.append({"stage": key, "state": slurm.state_of(job, finished), "job_id": (job or {}).get("job_id"),
-                     "log": (job or {}).get("log")})
+        rows.append({"stage": key, "state": slurm.state_of(job, read_json(stage.result_path) is not None),
+                     "job_id": (job or {}).get("job_id"), "log": (job or {}).get("log")})
+    published = os.path.isfile(os.path.join(p.out_dir, "results", "results.json"))
+    rows.append(slurm.collect_row(os.path.join(stage_folder(p.out_dir, COLLECT), "job.json"), published))
     return rows
 
 
@@ -114,11 +113,9 @@ def submit(p: W2SProtocol, force: ForceSpec, opts: slurm.SlurmOptions, wait: boo
                 continue
             after = [jobs[f"seed{stage.seed}/{u}"] for u in stage.upstream if f"seed{stage.seed}/{u}" in jobs]
             rerun = ["--force", key] if read_json(stage.result_path) is not None else []
-            jobs[key] = _submit(p.out_dir, key, command + ["--stage", key, *rerun], opts, after, srun=True,
-                                identity=digest({"config": _identity(stage, {})["config"]}))
+            jobs[key] = _submit(p.out_dir, key, command + ["--stage", key, *rerun], opts, after, srun=True)
         if jobs:
-            _submit(p.out_dir, COLLECT, command + ["--collect"], opts, sorted(set(jobs.values())), srun=False,
-                    identity="")
+            _submit(p.out_dir, COLLECT, command + ["--collect"], opts, sorted(set(jobs.values())), srun=False)
     if not jobs:  # every stage finished: the table now, as a local run writes it
         collect(p)
     elif wait:
@@ -153,8 +150,7 @@ def _plan(p: W2SProtocol, stages: list[Stage], force: ForceSpec) -> dict[str, tu
                                       "again (unfinished), which changes what this stage read"]))
             plan[key] = ("submit", None)
         else:
-            upstream = {u: {"identity": digest(read_json(_up(stages, stage, u).result_path)["identity"]),
-                            "run": read_json(_up(stages, stage, u).result_path)["run"]} for u in stage.upstream}
+            upstream = upstream_identity(stage, _finished_upstream(stage, stages))
             diff = identity_changes(finished, _identity(stage, upstream))
             if diff:
                 stale.append((stage.dir, diff))
@@ -164,12 +160,7 @@ def _plan(p: W2SProtocol, stages: list[Stage], force: ForceSpec) -> dict[str, tu
     return plan
 
 
-def _up(stages: list[Stage], stage: Stage, name: str) -> Stage:
-    return _find(stages, f"seed{stage.seed}/{name}")
-
-
-def _submit(out_dir: str, key: str, command: list[str], opts: slurm.SlurmOptions, after: list[str], srun: bool,
-            identity: str) -> str:
+def _submit(out_dir: str, key: str, command: list[str], opts: slurm.SlurmOptions, after: list[str], srun: bool) -> str:
     return slurm.submit_stage_job(stage_folder(out_dir, key), os.path.join(out_dir, "logs"), key,
                                   f"w2s:{os.path.basename(os.path.abspath(out_dir))}:{key}", command, opts, after,
-                                  collect=not srun, identity=identity)
+                                  collect=not srun)

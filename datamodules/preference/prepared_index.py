@@ -35,16 +35,21 @@ def _file_stats(path: str) -> list:
     return out
 
 
+def code_hash(*modules) -> str:
+    """Hash of the modules' source files (a generator's version: its records are a function of options and code)."""
+    h = hashlib.sha1()
+    for module in modules:
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
 def _generator_code() -> str:
     """Hash of the synthetic benchmark's code: its records are a function of its options and this code."""
     from datamodules.preference import records, synthetic_lexicon, synthetic_shift
     from datamodules.preference.sources import synthetic
 
-    h = hashlib.sha1()
-    for module in (synthetic_shift, synthetic_lexicon, synthetic, records):
-        with open(module.__file__, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
+    return code_hash(synthetic_shift, synthetic_lexicon, synthetic, records)
 
 
 def source_identity(name: str, local_dir: Optional[str]) -> Optional[list]:
