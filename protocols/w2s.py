@@ -48,6 +48,7 @@ from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers 
 from protocols.stage_identity import (
     ForceSpec, digest, identity_changes, refusal, resolve_cli_config, stage_identity, without_location,
 )
+from protocols.teacher_search import TeacherSearch, search_markdown  # noqa: F401 -- the report imports it from here
 
 
 @dataclass
@@ -110,6 +111,11 @@ class W2SProtocol:
         teacher_args: extra `cli.py` arguments of the teacher stages.
         student_args: extra `cli.py` arguments of the ceiling and student stages.
         teacher_checkpoint: "best" (by gold validation accuracy; the teacher is trained on gold labels) or "last".
+        teacher_search: the weak teacher's fitted recipe (`protocols.teacher_search`, docs/teacher_structure.md):
+            the teacher stage fits one teacher per candidate value of a knob and keeps the one whose structure on the
+            validation split (read with the response-only shortcut probe) is closest to the target; the choice,
+            every candidate's figures and the chosen teacher's structure go to the stage's result.json and the
+            table. null: the teacher is fitted once, as `teacher_args` say.
         student_checkpoint: "last" (default: selecting students on gold validation labels would leak gold
             supervision into W2S) or "best".
         drift: add the drift-diagnostics callback to student stages and report its final values.
@@ -129,6 +135,7 @@ class W2SProtocol:
     teacher_args: list[str] = field(default_factory=list)
     student_args: list[str] = field(default_factory=list)
     teacher_checkpoint: str = "best"
+    teacher_search: Optional[TeacherSearch] = None
     student_checkpoint: str = "last"
     drift: bool = True
 
@@ -154,6 +161,9 @@ class W2SProtocol:
             raise ValueError("give either --teacher_configs (a teacher trained here) or --teacher_pretrained (an "
                              f"outside model tested as is), not both: got {self.teacher_configs} and "
                              f"{self.teacher_pretrained!r}")
+        if self.teacher_search is not None and self.teacher_pretrained:
+            raise ValueError("--teacher_search fits the teacher, --teacher_pretrained tests an outside one as is: "
+                             "give one of them")
         if not self.teacher_pretrained and not self.teacher_configs:
             raise ValueError("--teacher_configs is empty: give the teacher's model config files, or an outside "
                              "teacher as --teacher_pretrained hf_classifier:<dir or hub id>")
@@ -212,6 +222,7 @@ class Stage:
     checkpoint: str
     upstream: tuple[str, ...] = ()
     pretrained: Optional[str] = None  # an outside model tested as is: the stage runs `cli.py test` only
+    search: Optional[TeacherSearch] = None  # the teacher's fitted recipe: a fit per candidate, one kept
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -219,13 +230,15 @@ class Stage:
     def result_path(self) -> str:
         return os.path.join(self.dir, "result.json")
 
-    def location_args(self, version: str) -> list[str]:
-        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints. No
-        placeholder HPARAMS session per run: the protocol writes one per stage with its scores (protocols.hparams)."""
+    def location_args(self, version: str, folder: Optional[str] = None) -> list[str]:
+        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints (in
+        `folder`, default the stage's). No placeholder HPARAMS session per run: the protocol writes one per stage
+        with its scores (protocols.hparams)."""
+        folder = folder or self.dir
         return ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
                 "--trainer.logger.init_args.default_hp_metric=false",
-                f"--trainer.logger.init_args.save_dir={self.dir}", "--trainer.logger.init_args.name=",
-                f"--trainer.logger.init_args.version={version}", f"--trainer.default_root_dir={self.dir}"]
+                f"--trainer.logger.init_args.save_dir={folder}", "--trainer.logger.init_args.name=",
+                f"--trainer.logger.init_args.version={version}", f"--trainer.default_root_dir={folder}"]
 
 
 def plan_stages(p: W2SProtocol) -> list[Stage]:
@@ -244,7 +257,7 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
         else:
             teacher += p.teacher_args
             stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
-                                p.teacher_checkpoint))
+                                p.teacher_checkpoint, search=p.teacher_search))
         student = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
                    + ["--data.train_subset=student"]
                    + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
@@ -288,6 +301,8 @@ def validate_stage(stage: Stage) -> None:
     """Resolve the stage's configuration with `cli.py`'s parser and refuse bad settings, building nothing."""
     try:
         stage.config = resolve_cli_config(stage.args + stage.location_args("fit"))
+        for value in stage.search.values if stage.search else ():  # every candidate's flags parse
+            resolve_cli_config(stage.args + stage.search.candidate_args(value) + stage.location_args("fit"))
         _check_model(stage.config.get("model") or {})
         _check_data(stage.config.get("data") or {})
     except (ValueError, TypeError, OSError) as err:
@@ -405,7 +420,8 @@ def _identity(stage: Stage, upstream: dict) -> dict:
     model = checkpoint_key(stage.pretrained, "--teacher_pretrained / --zero_shot") if stage.pretrained else None
     if stage.data is None:  # hashed once per stage and run (file hashes are cached across runs too)
         stage.data = data_identity(without_location(stage.config))
-    return stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data)
+    return stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data,
+                          search=asdict(stage.search) if stage.search else None)
 
 
 def clear_stage_dir(stage_dir: str) -> None:
@@ -421,26 +437,54 @@ def clear_stage_dir(stage_dir: str) -> None:
 
 
 def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
-    """`cli.py fit` then `cli.py test` on the selected checkpoint; returns (and, on rank 0, stores) the results."""
+    """`cli.py fit` (once, or once per candidate of the teacher search) then `cli.py test` on the selected
+    checkpoint; returns (and, on rank 0, stores) the results."""
     from cli import main
 
-    fit_args = ["fit", *args, *stage.location_args("fit")]
-    _write_commands(stage.dir, [fit_args])
+    commands: list[list[str]] = []
+    runs: list[str] = []
+    extra: dict[str, Any] = {}
+
+    def fit_once(more: list[str], folder: str) -> tuple[Any, str, Optional[float]]:
+        fit_args = ["fit", *args, *more, *stage.location_args("fit", folder)]
+        commands.append(fit_args)
+        _write_commands(stage.dir, commands)
+        fit = main(fit_args)
+        # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
+        runs.append(fit.trainer.strategy.broadcast(uuid.uuid4().hex))
+        ckpt = _selected_checkpoint(fit.trainer, stage, folder)
+        callback = fit.trainer.checkpoint_callback
+        score = callback.best_model_score if callback is not None else None
+        return fit, ckpt, None if score is None else round(100.0 * float(score), 2)
+
     start = time.time()
-    fit = main(fit_args)
+    if stage.search is not None:
+        from protocols.shortcut_probe import measure
+        from protocols.teacher_search import run_search
+
+        def candidate(more: list[str], folder: str) -> tuple[str, Optional[float]]:
+            fit, ckpt, val_acc = fit_once(more, folder)
+            del fit
+            return ckpt, val_acc
+
+        data_init = (stage.config.get("data") or {}).get("init_args") or {}
+        extra["teacher_search"] = run_search(stage.search, stage.dir, args, data_init, stage.seed, candidate)
+        ckpt = extra["teacher_search"]["checkpoint"]
+        args = [*args, *stage.search.candidate_args(extra["teacher_search"]["chosen"])]
+        extra["teacher_structure"] = measure(ckpt, data_init, stage.seed)  # the chosen one: report only
+        drift = teacher_labels = None
+    else:
+        fit, ckpt, _ = fit_once([], stage.dir)
+        drift_cb = _find_drift_callback(fit.trainer)
+        drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> …}
+        teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
+        del fit
     fit_seconds = time.time() - start
-    # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
-    run = fit.trainer.strategy.broadcast(uuid.uuid4().hex)
-    ckpt = _selected_checkpoint(fit.trainer, stage)
-    drift_cb = _find_drift_callback(fit.trainer)
-    drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> value}
-    teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
-    del fit
     test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
-    _write_commands(stage.dir, [fit_args, test_args])
+    _write_commands(stage.dir, [*commands, test_args])
     test = main(test_args)
     result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
-              "identity": identity, "run": run, "args": args}
+              "identity": identity, "run": runs[-1], "args": args, **extra}
     if drift:
         result["drift"] = drift
     if teacher_labels:
@@ -466,12 +510,12 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     return result
 
 
-def _selected_checkpoint(trainer, stage: Stage) -> str:
+def _selected_checkpoint(trainer, stage: Stage, folder: Optional[str] = None) -> str:
     callback = trainer.checkpoint_callback
     if stage.checkpoint == "best" and callback is not None and callback.best_model_path:
         return callback.best_model_path  # the same path on every rank (ModelCheckpoint broadcasts its folder)
     # The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run).
-    path = os.path.join(stage.dir, "final.ckpt")
+    path = os.path.join(folder or stage.dir, "final.ckpt")
     trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes it whole (AtomicCheckpointIO)
     trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
     return path
@@ -593,6 +637,8 @@ def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec, dict]:
     if sum(bool(modes[k]) for k in ("status", "collect", "stage")) > 1:
         parser.error("give at most one of --status, --collect, --stage")
     d["methods"] = [m if isinstance(m, Method) else Method(**m) for m in d["methods"]]
+    if isinstance(d.get("teacher_search"), dict):
+        d["teacher_search"] = TeacherSearch(**d["teacher_search"])
     return W2SProtocol(**d), force, modes
 
 

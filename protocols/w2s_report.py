@@ -120,14 +120,16 @@ def summarize(p, raw: dict[str, dict[int, dict]]) -> dict:
     has_pgr = any("pgr" in row for row in table.values())
     cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
     teacher_labels = teacher_label_structure(raw)
+    searches, structures = teacher_recipe(raw)
     correlation = drift_ood_correlation(table, targets)
     markdown = "\n\n".join(part for part in (
-        WHAT_TO_LOOK_FOR, outside_models_line(p), markdown_table(table, cols, len(p.seeds)),
-        interval_table(table, targets) if len(p.seeds) > 1 else "",
+        WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches, structures), outside_models_line(p),
+        markdown_table(table, cols, len(p.seeds)), interval_table(table, targets) if len(p.seeds) > 1 else "",
         teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
-            "teacher_labels": teacher_labels, "drift_ood_correlation": correlation, "markdown": markdown,
+            "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
+            "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
 
 
@@ -150,6 +152,45 @@ def outside_models_line(p) -> str:
         parts.append(f"`{zero_shot_name(spec)}` is `{spec}`, tested zero-shot (no training): its WRG / AOG / NTS "
                      "are against the teacher on the same pairs")
     return ("Outside models: " + "; ".join(parts) + ".") if parts else ""
+
+
+def teacher_recipe(raw: dict[str, dict[int, dict]]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Per seed, the teacher search's record (`protocols.teacher_search`) and the chosen teacher's structure read
+    with the shortcut probe (`protocols.shortcut_probe.measure`); empty when the teacher was fitted once."""
+    searches, structures = {}, {}
+    for seed, stage in sorted((raw.get("teacher") or {}).items()):
+        if "teacher_search" in stage:
+            searches[seed] = stage["teacher_search"]
+        if "teacher_structure" in stage:
+            structures[seed] = stage["teacher_structure"]
+    return searches, structures
+
+
+def teacher_recipe_markdown(searches: dict[int, dict], structures: dict[int, dict]) -> str:
+    """What the teacher search chose per seed and why, and the chosen teacher's structure per split."""
+    from protocols.teacher_search import search_markdown
+
+    if not searches:
+        return ""
+    lines = ["The weak teacher's recipe, searched per seed on the validation split (`protocols.teacher_search`; "
+             "docs/teacher_structure.md):", search_markdown(searches)]
+    if structures:
+        lines += ["", "The chosen teacher's structure (shortcut probe fitted on the teacher half; test splits "
+                      "reported, never searched on): accuracy on the pairs where the probe is wrong, and the share "
+                      "of its errors that are there (beside the share of such pairs).", "",
+                  "| seed | split | teacher acc | right where the probe is wrong (pairs) | errors there / all errors "
+                  "| probe-wrong share of pairs |", "|---|---|---|---|---|---|"]
+        for seed, m in sorted(structures.items()):
+            for split, st in m["structure"].items():
+                lines.append(f"| {seed} | {split} | {_pct(st['teacher_acc'])} | "
+                             f"{_pct(st['probe_wrong']['teacher_acc'])} ({st['probe_wrong']['pairs']}) | "
+                             f"{_pct(st['shortcut_error_share'])} ({st['shortcut_errors']}/{st['teacher_errors']}) | "
+                             f"{_pct(st['probe_wrong_share'])} |")
+    return "\n".join(lines)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.1f}"
 
 
 def teacher_label_structure(raw: dict[str, dict[int, dict]]) -> dict[int, dict]:

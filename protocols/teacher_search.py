@@ -1,0 +1,187 @@
+"""The weak teacher's recipe, fitted per dataset (issue 29, docs/teacher_structure.md "The fitted teacher recipe").
+
+The teacher the W2S failure needs is *partially* right where a shortcut misleads: on the in-distribution pairs where
+the shortcut points at the rejected response it follows the rule on some and the shortcut on the rest, and its
+errors concentrate there. A teacher right on none of them is imitated (a student has nothing to amplify but the
+shortcut, and the teacher already sits at the anti-correlated floor); one right on nearly all of them is a rule
+teacher (the student amplifies the rule). Where a given teacher lands depends on the data, so the recipe is a
+search, run for every seed on the teacher's own data:
+
+1. fit the teacher once per candidate value of one capacity knob that every source has (default:
+   `--model.vocab_limit`, how many of the tokenizer's most frequent entries the teacher can read; the rest are
+   [UNK]: it knows the words of some subjects and not of others);
+2. fit the response-only shortcut probe on the teacher half's gold pairs (`protocols.shortcut_probe`) and read each
+   candidate's structure on the **validation split** — in-distribution, disjoint from both halves, the split the
+   teacher already picks its checkpoint on. No student-half label, no target data, no generator metadata;
+3. keep the candidate whose accuracy on the probe-wrong validation pairs is closest to `target` among those in
+   `band` whose errors concentrate where the probe is wrong (`choose`).
+
+Every candidate's figures and the rule that decided are recorded in the teacher stage's `result.json`
+(`teacher_search`), with the chosen teacher's structure on the student half and every test split
+(`teacher_structure`, report only).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+VALUE_LABELS = {None: "full"}
+
+
+@dataclass
+class TeacherSearch:
+    """Which knob the teacher's recipe searches, over which values, and what structure it aims at.
+
+    Args:
+        flag: a `cli.py` flag of the teacher stage (every source and backbone has it), e.g. "--model.vocab_limit".
+        values: candidate values, from the most capable teacher down (a tie in distance goes to the earlier one);
+            null is the flag's "off" (e.g. the full vocabulary).
+        target: the accuracy (percent) on the validation pairs where the shortcut probe is wrong that the search
+            aims at: partial rule-following, between a teacher the student imitates (≈ 0) and a rule teacher (≈ 100).
+        band: candidates whose accuracy there lies outside [low, high] count as missing the structure.
+        min_pairs: fewer probe-wrong validation pairs than this and the instrument cannot place a teacher (that
+            count depends on the probe and the data, not on the teacher, so it is known before any fit): the search
+            then fits the first candidate only, an ordinary teacher, and says so.
+        stop_below_band: with values ordered by capacity, stop at the first candidate right on fewer than band[0]
+            percent of the probe-wrong pairs once one candidate was eligible: less capacity only knows less of the
+            rule (saves the fits of the smaller teachers).
+    """
+
+    flag: str = "--model.vocab_limit"
+    values: list = field(default_factory=lambda: [None, 20000, 14000, 10000, 7000, 5000])
+    target: float = 40.0
+    band: list[float] = field(default_factory=lambda: [20.0, 60.0])
+    min_pairs: int = 10
+    stop_below_band: bool = True
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", self.flag or ""):
+            raise ValueError(f"--teacher_search.flag must be a cli.py flag like '--model.vocab_limit', got "
+                             f"{self.flag!r}")
+        if not self.values:
+            raise ValueError("--teacher_search.values is empty: give the candidate values of "
+                             f"{self.flag}")
+        labels = [value_label(v) for v in self.values]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"--teacher_search.values repeats a value: {self.values}")
+        low, high = self.band
+        if not 0.0 <= low <= self.target <= high <= 100.0:
+            raise ValueError(f"--teacher_search: need 0 <= band[0] <= target <= band[1] <= 100, got target "
+                             f"{self.target} and band {self.band}")
+        if self.min_pairs < 1:
+            raise ValueError(f"--teacher_search.min_pairs must be >= 1, got {self.min_pairs}")
+
+    def candidate_args(self, value: Any) -> list[str]:
+        return [f"{self.flag}={json.dumps(value)}"]
+
+
+def value_label(value: Any) -> str:
+    """A candidate's folder name and table cell: the value, `full` for null."""
+    if value is None:
+        return VALUE_LABELS[None]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))
+
+
+def candidate_figures(structure: dict, value: Any, checkpoint: str, val_acc: Optional[float]) -> dict:
+    """One candidate's row: its value and checkpoint, and its structure on the validation split."""
+    return {"value": value, "checkpoint": checkpoint, "val_acc": val_acc,
+            "probe_wrong_acc": structure["probe_wrong"]["teacher_acc"],
+            "probe_wrong_pairs": structure["probe_wrong"]["pairs"],
+            "shortcut_error_share": structure["shortcut_error_share"],
+            "probe_wrong_share": structure["probe_wrong_share"], "teacher_acc": structure["teacher_acc"]}
+
+
+def concentrated(c: dict) -> bool:
+    """The candidate's errors sit where the shortcut misleads more often than the pairs do (its errors are not
+    spread at random over the split). No error at all is no concentration."""
+    return c["shortcut_error_share"] is not None and c["shortcut_error_share"] > c["probe_wrong_share"]
+
+
+def choose(candidates: list[dict], spec: TeacherSearch) -> tuple[int, str]:
+    """Index of the chosen candidate and the rule that chose it (a sentence for the table and results.json)."""
+    measurable = [i for i, c in enumerate(candidates) if c["probe_wrong_pairs"] >= spec.min_pairs
+                  and c["probe_wrong_acc"] is not None]
+    if not measurable:
+        return 0, (f"instrument blind: fewer than {spec.min_pairs} validation pairs where the shortcut probe is "
+                   "wrong, so no teacher can be placed; kept the first candidate")
+    low, high = spec.band
+    distance = lambda i: abs(candidates[i]["probe_wrong_acc"] - spec.target)  # noqa: E731
+    eligible = [i for i in measurable if _eligible(candidates[i], spec)]
+    if eligible:
+        best = min(eligible, key=lambda i: (distance(i), i))
+        return best, (f"closest to {spec.target:g}% right on the probe-wrong validation pairs among the candidates "
+                      f"in [{low:g}, {high:g}]% with errors concentrated there")
+    best = min(measurable, key=lambda i: (distance(i), i))
+    return best, (f"no candidate in [{low:g}, {high:g}]% with concentrated errors: kept the closest to "
+                  f"{spec.target:g}% (the structure is missed; read the candidates)")
+
+
+def stops(candidates: list[dict], spec: TeacherSearch) -> bool:
+    """The last candidate fell below the band after an eligible one: smaller ones would only fall further."""
+    last = candidates[-1]
+    below = last["probe_wrong_acc"] is not None and last["probe_wrong_acc"] < spec.band[0]
+    return below and any(_eligible(c, spec) for c in candidates[:-1])
+
+
+def _eligible(c: dict, spec: TeacherSearch) -> bool:
+    return (c["probe_wrong_pairs"] >= spec.min_pairs and c["probe_wrong_acc"] is not None
+            and spec.band[0] <= c["probe_wrong_acc"] <= spec.band[1] and concentrated(c))
+
+
+def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: dict, seed: int,
+               fit: Callable[[list[str], str], tuple[str, Optional[float]]]) -> dict:
+    """Fit every candidate (`fit(extra_args, candidate_dir) -> (checkpoint, best val acc)`), measure each on the
+    validation split, choose. Returns the `teacher_search` record; its "checkpoint" is the chosen teacher's."""
+    from protocols.shortcut_probe import ShortcutProbe, load_split_records, split_structure
+
+    records, dm = load_split_records(data_init, seed)
+    if not records["validation"]:
+        raise ValueError(f"teacher search in {stage_dir}: the validation split is empty; the search reads the "
+                         "teacher's structure there")
+    probe = ShortcutProbe.fit(records["train_teacher"], seed=seed)
+    probe_margins = probe.margins(records["validation"])
+    blind = sum(m < 0 for m in probe_margins) < spec.min_pairs
+    candidates = []
+    for value in spec.values[:1] if blind else spec.values:
+        ckpt, val_acc = fit(spec.candidate_args(value),
+                            os.path.join(stage_dir, "search", f"{spec.flag.rsplit('.', 1)[-1]}={value_label(value)}"))
+        margins = teacher_margins(ckpt, records["validation"], dm)
+        candidates.append(candidate_figures(split_structure(margins, probe_margins), value, ckpt, val_acc))
+        if spec.stop_below_band and stops(candidates, spec):
+            break
+    index, rule = choose(candidates, spec)
+    return {**asdict(spec), "candidates": candidates, "chosen": candidates[index]["value"],
+            "checkpoint": candidates[index]["checkpoint"], "rule": rule,
+            "probe": {"l2": probe.l2, "fit_pairs": len(records["train_teacher"]),
+                      "validation_pairs": len(records["validation"]),
+                      "shortcut_strength": probe.accuracy(records["validation"])}}
+
+
+def teacher_margins(ckpt: str, records: list[dict], dm) -> list[float]:
+    """The teacher's chosen − rejected margins on `records`, as the weak labels score pairs."""
+    from datamodules.preference.weak_labels import load_teacher, score_pairs
+    from datamodules.tokenizers import load_tokenizer
+
+    model = load_teacher(ckpt, "--ckpt").eval()
+    return score_pairs(model, load_tokenizer(model.tokenizer_name), records, [False] * len(records),
+                       dm.hparams.max_length, dm.hparams.truncation)
+
+
+def search_markdown(searches: dict[int, dict]) -> str:
+    """One line per seed: the knob, what was chosen and why, and every candidate's validation figures."""
+    lines = []
+    for seed, s in sorted(searches.items()):
+        cells = ", ".join(
+            f"{value_label(c['value'])}: {_pct(c['probe_wrong_acc'])} of {c['probe_wrong_pairs']}"
+            f" (errors there {_pct(c['shortcut_error_share'])}, val acc {_pct(c['val_acc'])})"
+            for c in s["candidates"])
+        lines.append(f"- seed {seed}: {s['flag']} = **{value_label(s['chosen'])}** — {s['rule']}. Right on the "
+                     f"probe-wrong validation pairs: {cells}. Shortcut strength {_pct(s['probe']['shortcut_strength'])}.")
+    return "\n".join(lines)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "–" if v is None else f"{v:.1f}%"

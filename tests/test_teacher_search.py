@@ -1,0 +1,120 @@
+"""The weak teacher's fitted recipe (issue 29, protocols/teacher_search.py): the selection rule on hand-built
+candidates, the spec's checks, and the protocol's teacher stage running the search — every candidate's figures
+recomputed from its checkpoint, the chosen one read by the students, the search part of the stage's identity."""
+import json
+import os
+
+import pytest
+
+from protocols.shortcut_probe import ShortcutProbe, load_split_records, split_structure
+from protocols.teacher_search import TeacherSearch, choose, stops, teacher_margins, value_label
+from protocols.w2s import StageChangedError, main as run_protocol
+from tests.test_w2s_protocol import _tiny_protocol, _write
+
+
+def cand(acc, pairs=40, share=80.0, base=15.0, val=90.0, value=None):
+    return {"value": value, "probe_wrong_acc": acc, "probe_wrong_pairs": pairs, "shortcut_error_share": share,
+            "probe_wrong_share": base, "val_acc": val}
+
+
+def test_choose_keeps_the_in_band_candidate_closest_to_the_target():
+    spec = TeacherSearch(values=[1, 2, 3, 4], target=40.0, band=[20.0, 60.0])
+    # 0 % (imitated), 35 % and 52 % (partial), 90 % (a rule teacher): 35 is 5 from the target, 52 is 12.
+    index, rule = choose([cand(0.0), cand(35.0), cand(52.0), cand(90.0)], spec)
+    assert index == 1 and "closest to 40%" in rule
+    # equally far: the earlier (cheaper) candidate
+    assert choose([cand(30.0), cand(50.0)], spec)[0] == 0
+
+
+def test_choose_skips_candidates_whose_errors_do_not_concentrate_where_the_probe_is_wrong():
+    spec = TeacherSearch(values=[1, 2], target=40.0)
+    # 40 % right there, but only 10 % of its errors there against 15 % of the pairs: noise, not the shortcut
+    spread = cand(40.0, share=10.0, base=15.0)
+    assert choose([spread, cand(25.0)], spec)[0] == 1
+    # nothing in the band: the closest is kept and the rule says the structure is missed
+    index, rule = choose([cand(0.0), cand(95.0), cand(70.0)], spec)
+    assert index == 2 and "structure is missed" in rule
+
+
+def test_choose_keeps_the_first_candidate_where_the_probe_finds_no_misleading_pairs():
+    spec = TeacherSearch(values=[1, 2, 3], min_pairs=10)
+    # the synthetic harmless source: the probe is right on every validation pair (the search fits one candidate)
+    index, rule = choose([cand(None, pairs=0, share=None, base=0.0, val=100.0)], spec)
+    assert index == 0 and rule.startswith("instrument blind")
+    # 9 pairs is below min_pairs too, even with a figure
+    assert choose([cand(40.0, pairs=9, val=80.0), cand(0.0, pairs=9, val=85.0)], spec)[0] == 0
+
+
+def test_search_stops_below_the_band_only_after_an_eligible_candidate():
+    spec = TeacherSearch(values=[None, 20000, 14000, 10000])
+    # full vocabulary 62 %, 20k 34 % (eligible), 14k 1 %: below the band after an eligible one, stop
+    assert not stops([cand(62.0)], spec) and not stops([cand(62.0), cand(34.0)], spec)
+    assert stops([cand(62.0), cand(34.0), cand(1.0)], spec)
+    # below the band straight from one above it: the knee may lie between, nothing eligible yet, go on
+    assert not stops([cand(75.0), cand(5.0)], spec)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(flag="vocab_limit"), "must be a cli.py flag"),
+    (dict(values=[]), "values is empty"),
+    (dict(values=[5, 5]), "repeats a value"),
+    (dict(target=70.0, band=[20.0, 60.0]), "band"),
+    (dict(min_pairs=0), "min_pairs"),
+])
+def test_bad_search_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TeacherSearch(**kwargs)
+
+
+def test_candidate_flags_and_labels():
+    spec = TeacherSearch(values=[14000, None])
+    assert spec.candidate_args(14000) == ["--model.vocab_limit=14000"]
+    assert spec.candidate_args(None) == ["--model.vocab_limit=null"]
+    assert [value_label(v) for v in spec.values] == ["14000", "full"]
+
+
+def test_protocol_teacher_stage_runs_the_search_and_students_read_the_chosen_teacher(tmp_path, word_tokenizer_dir,
+                                                                                     cache_dir):
+    search = {"flag": "--trainer.max_steps", "values": [1, 12], "target": 40.0, "band": [0.0, 100.0],
+              "min_pairs": 1}
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, teacher_search=search)
+    results = run_protocol(["--config", _write(tmp_path, cfg)])
+    teacher = json.load(open(os.path.join(cfg["out_dir"], "seed0", "teacher", "result.json")))
+    record = teacher["teacher_search"]
+    assert [c["value"] for c in record["candidates"]] == [1, 12]
+    for c in record["candidates"]:  # each candidate fitted in its own folder under the stage
+        assert c["checkpoint"].startswith(os.path.join(cfg["out_dir"], "seed0", "teacher", "search",
+                                                       f"max_steps={c['value']}"))
+
+    # every candidate's figures, recomputed from its checkpoint and a probe fitted on the teacher half
+    data_init = {"source": "synth_helpful_cooking", "ood_targets": [], "tokenizer": word_tokenizer_dir,
+                 "max_length": 96, "cache_dir": cache_dir,
+                 "source_options": {"synth_helpful_cooking": {"n_train": 160, "n_validation": 24, "n_test": 33}}}
+    records, dm = load_split_records(data_init, 0)
+    probe = ShortcutProbe.fit(records["train_teacher"], seed=0)
+    for c in record["candidates"]:
+        s = split_structure(teacher_margins(c["checkpoint"], records["validation"], dm),
+                            probe.margins(records["validation"]))
+        assert (c["probe_wrong_acc"], c["probe_wrong_pairs"], c["teacher_acc"]) == (
+            s["probe_wrong"]["teacher_acc"], s["probe_wrong"]["pairs"], s["teacher_acc"])
+    index, rule = choose(record["candidates"], TeacherSearch(**search))
+    assert record["chosen"] == record["candidates"][index]["value"] and record["rule"] == rule
+    assert teacher["checkpoint"] == record["candidates"][index]["checkpoint"]
+    assert f"--trainer.max_steps={record['chosen']}" in teacher["args"]
+    # the chosen teacher's structure on the student half and the test splits, and the students read that teacher
+    assert set(teacher["teacher_structure"]["structure"]) >= {"train_student", "test/synth_helpful_cooking"}
+    naive = json.load(open(os.path.join(cfg["out_dir"], "seed0", "naive", "result.json")))
+    assert f"--data.teacher_checkpoint={teacher['checkpoint']}" in naive["args"]
+    assert results["teacher_search"][0]["chosen"] == record["chosen"]
+    assert f"--trainer.max_steps = **{record['chosen']}**" in results["markdown"]
+
+    # the search is part of the teacher's identity: other candidates are another teacher
+    with pytest.raises(StageChangedError, match=r"search\.values"):
+        run_protocol(["--config", _write(tmp_path, dict(cfg, teacher_search={**search, "values": [1, 6]}))])
+
+
+def test_search_and_an_outside_teacher_are_refused_together(tmp_path, word_tokenizer_dir, cache_dir):
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, teacher_search={"values": [1, 2]},
+                         teacher_pretrained="hf_classifier:/nonexistent", teacher_configs=[])
+    with pytest.raises(ValueError):
+        run_protocol(["--config", _write(tmp_path, cfg)])
