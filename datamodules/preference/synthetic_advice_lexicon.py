@@ -73,7 +73,8 @@ DOMAINS = {
             },
             "pests": {
                 "requests": ("Something keeps eating my {s}. What can I do?", "How do I keep pests off {s}?",
-                             "How do I protect {s} from slugs and aphids?", "Something is wrong with my {s}. How do I fix it?"),
+                             "How do I protect {s} from slugs and aphids?",
+                             "Something is wrong with my {s}. How do I fix it?"),
                 "advice": ("check under the leaves every few days", "pick off damaged growth by hand",
                            "spray aphids off with a jet of water", "set beer traps for slugs at dusk",
                            "encourage ladybirds and birds into the garden", "improve air flow by thinning crowded growth"),
@@ -115,7 +116,8 @@ DOMAINS = {
                              "How can I build up to more {s}?", "What is a good plan for improving at {s}?"),
                 "advice": ("add a little volume every week", "track every session in a notebook",
                            "change one variable at a time", "take an easy week every month",
-                           "set a small target for the next four weeks", "practise the easier version until it feels smooth"),
+                           "set a small target for the next four weeks",
+                           "practise the easier version until it feels smooth"),
             },
             "recovery": {
                 "requests": ("How do I avoid injury with {s}?", "I feel sore after {s}. What helps?",
@@ -163,7 +165,8 @@ DOMAINS = {
                            "rent before you buy", "join a beginner group for motivation"),
             },
             "practice": {
-                "requests": ("How should I practise the {s} each day?", "How do I stop my {s} practice from feeling stale?",
+                "requests": ("How should I practise the {s} each day?",
+                             "How do I stop my {s} practice from feeling stale?",
                              "How can I improve faster on the {s}?", "What is a good daily routine for the {s}?"),
                 "advice": ("play slowly with a metronome", "record yourself and listen back",
                            "split each session into technique and pieces", "repeat the hardest bar five times",
