@@ -1,0 +1,117 @@
+"""The regime table (issue 29): one row per benchmark, from finished W2S protocol runs, saying where weak supervision
+amplifies a shortcut and where it only imitates (docs/results.md "Does the fitted teacher carry").
+
+    python -m protocols.regime_table --run helpful=runs/w2s_small_vocab --run harmless=runs/w2s_small_vocab_harmless ...
+
+Per run (its `results/results.json`): the teacher search's choices per seed, the chosen teachers' structure on the
+student half read with the shortcut probe (right where the probe is wrong; errors there / all errors), the
+teacher's ID accuracy, naive W2S's WRG and worst AOG (mean [95% t-interval] over seeds) and every method's NTS.
+The last column says which clause of "naive WRG > 0 with some AOG < 0" holds, from the means.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from typing import Optional
+
+from protocols.w2s_report import ci95
+
+
+def load(out_dir: str) -> dict:
+    path = os.path.join(out_dir, "results", "results.json")
+    if not os.path.isfile(path):
+        path = os.path.join(out_dir, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{out_dir}: no results/results.json (run the protocol first)")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _cell(values: list[float], interval: bool = False, signed: bool = False) -> str:
+    mean, std = _mean_std(values)
+    if mean is None:
+        return "–"
+    text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
+    if interval and std is not None:
+        low, high = ci95(mean, std, len(values))
+        return f"{text} [{low:+.1f}, {high:+.1f}]"
+    return text + (f" ± {std:.1f}" if std is not None else "")
+
+
+def per_seed(results: dict, row: str, column: str) -> list[float]:
+    cell = (results["rows"].get(row) or {}).get(column)
+    return [] if cell is None else [cell["per_seed"][s] for s in sorted(cell["per_seed"], key=int)]
+
+
+def regime_row(name: str, results: dict) -> dict:
+    """The row's cells (strings) and the clause flags, from one run's results.json."""
+    src, targets = results["id_source"], results["targets"]
+    searches = results.get("teacher_search") or {}
+    structures = results.get("teacher_structure") or {}
+    chosen = ", ".join(str(searches[s]["chosen"] if searches[s]["chosen"] is not None else "full")
+                       for s in sorted(searches, key=int)) or "–"
+    student = [structures[s]["structure"].get("train_student") for s in sorted(structures, key=int)]
+    rule_there = [s["probe_wrong"]["teacher_acc"] for s in student if s]
+    errors_there = [s["shortcut_error_share"] for s in student if s]
+    base = [s["probe_wrong_share"] for s in student if s]
+    strength = [structures[s]["probe"]["shortcut_strength"] for s in structures]
+    wrg = per_seed(results, "naive", "wrg")
+    aogs = {t: per_seed(results, "naive", f"aog/{t}") for t in targets}
+    worst = min(aogs, key=lambda t: statistics.fmean(aogs[t]) if aogs[t] else float("inf"))
+    methods = [m for m in results["rows"] if m not in ("teacher", "ceiling")]
+    wrg_mean = _mean_std(wrg)[0]
+    worst_mean = _mean_std(aogs[worst])[0]
+    clauses = {"naive WRG > 0": wrg_mean is not None and wrg_mean > 0,
+               "some AOG < 0": worst_mean is not None and worst_mean < 0}
+    return {"benchmark": name, "seeds": len(results["seeds"]), "chosen": chosen,
+            "strength": _cell(strength), "rule_there": _cell(rule_there), "errors_there": _cell(errors_there),
+            "base": _cell(base), "teacher_id": _cell(per_seed(results, "teacher", f"acc/{src}")),
+            "wrg": _cell(wrg, interval=True, signed=True),
+            "worst_aog": f"{_cell(aogs[worst], interval=True, signed=True)} ({worst})",
+            "nts": {m: _cell(per_seed(results, m, "nts"), signed=True) for m in methods}, "clauses": clauses}
+
+
+def markdown(rows: list[dict]) -> str:
+    methods = list(dict.fromkeys(m for r in rows for m in r["nts"]))
+    head = ["benchmark", "seeds", "teacher search: chosen per seed", "shortcut strength",
+            "teacher right where the probe is wrong, student half", "its errors there / share of such pairs",
+            "teacher ID acc", "naive WRG", "naive worst AOG", *[f"NTS {m}" for m in methods], "regime"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        c = r["clauses"]
+        regime = ("amplifies the shortcut (WRG > 0, some AOG < 0)" if all(c.values()) else
+                  "; ".join(f"{k}: {'yes' if v else 'no'}" for k, v in c.items()))
+        cells = [r["benchmark"], str(r["seeds"]), r["chosen"], r["strength"], r["rule_there"],
+                 f"{r['errors_there']} / {r['base']}", r["teacher_id"], r["wrg"], r["worst_aog"],
+                 *[r["nts"].get(m, "–") for m in methods], regime]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="append", required=True, metavar="NAME=OUT_DIR",
+                        help="a benchmark's name and its protocol out_dir (repeat)")
+    args = parser.parse_args(argv)
+    rows = []
+    for spec in args.run:
+        name, sep, out_dir = spec.partition("=")
+        if not sep or not name or not out_dir:
+            parser.error(f"--run takes NAME=OUT_DIR, got {spec!r}")
+        rows.append(regime_row(name, load(out_dir)))
+    text = markdown(rows)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
