@@ -146,12 +146,15 @@ class ForceSpec:
         return self.all or bool(self.names)
 
     def check(self, stage_names: set[str], flag: str = "--force") -> None:
-        unknown = sorted({n for _, n in self.names} - stage_names)
+        known = stage_names | {n.partition("@")[0] for n in stage_names}  # a swept method names its variants
+        unknown = sorted({n for _, n in self.names} - known)
         if unknown:
             raise ValueError(f"{flag} names unknown stage(s) {unknown}; the stages are {sorted(stage_names)}")
 
     def forces(self, name: str, seed: int) -> bool:
-        return self.all or (None, name) in self.names or (seed, name) in self.names
+        """`name` is a stage; a swept method's stage `<method>@<flag>=<value>` is also forced by `<method>`."""
+        names = {name, name.partition("@")[0]}
+        return self.all or any((None, n) in self.names or (seed, n) in self.names for n in names)
 
 
 def digest(identity: dict) -> str:

@@ -48,7 +48,7 @@ from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers 
 from protocols.stage_identity import (
     ForceSpec, digest, identity_changes, refusal, resolve_cli_config, stage_identity, without_location,
 )
-from protocols.teacher_search import TeacherSearch, search_markdown  # noqa: F401 -- the report imports it from here
+from protocols.teacher_search import TeacherSearch, search_markdown, value_label  # noqa: F401 -- report imports
 
 
 @dataclass
@@ -63,6 +63,13 @@ class Method:
         anchor_coef: ANCHOR's λ (0 = no anchor).
         anchor_layers: anchored depth fractions (1.0 = last layer).
         args: extra `cli.py` arguments for this method's stages.
+        sweep: one hyperparameter the method sweeps, {"--model.<flag>": [values]}: one stage per value
+            (`<name>@<flag>=<value>`), and one row, the value chosen per seed by the protocol's model-selection
+            rule (`protocols.model_selection`: `id_val`, and `oracle_target` reported beside it as an upper bound).
+        from_method: evaluate that (earlier, unswept) method's checkpoints instead of fitting: `cli.py validate` +
+            `cli.py test` with this method's arguments (WiSE-FT: `--model.wise_ft_alpha`). Costs evaluations only.
+        checkpoint: "best" or "last", overriding the protocol's `student_checkpoint` for this method: "best" with
+            frequent validation is early stopping on the ID validation split.
     """
 
     name: str
@@ -71,6 +78,37 @@ class Method:
     anchor_coef: float = 0.0
     anchor_layers: list[float] = field(default_factory=lambda: [1.0])
     args: list[str] = field(default_factory=list)
+    sweep: dict = field(default_factory=dict)
+    from_method: Optional[str] = None
+    checkpoint: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if len(self.sweep) > 1:
+            raise ValueError(f"method {self.name!r}: sweep takes one flag (one hyperparameter per row), got "
+                             f"{sorted(self.sweep)}")
+        for flag, values in self.sweep.items():
+            if not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", flag):
+                raise ValueError(f"method {self.name!r}: sweep key {flag!r} is not a cli.py flag like "
+                                 "'--model.anchor_coef'")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"method {self.name!r}: sweep {flag} needs a non-empty list of values")
+            labels = [value_label(v) for v in values]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"method {self.name!r}: sweep {flag} repeats a value: {values}")
+        if self.checkpoint not in (None, "best", "last"):
+            raise ValueError(f"method {self.name!r}: checkpoint must be 'best' or 'last', got {self.checkpoint!r}")
+
+    @property
+    def sweep_flag(self) -> Optional[str]:
+        return next(iter(self.sweep), None)
+
+    def variants(self) -> list[tuple[str, Any, list[str]]]:
+        """(stage name, swept value, extra arguments) per stage of the method; one (name, None, []) unswept."""
+        if not self.sweep:
+            return [(self.name, None, [])]
+        flag = self.sweep_flag
+        short = flag.rsplit(".", 1)[-1]
+        return [(f"{self.name}@{short}={value_label(v)}", v, [f"{flag}={json.dumps(v)}"]) for v in self.sweep[flag]]
 
     def objective_class_path(self) -> str:
         """The dotted path `--model.objective` takes, whatever form `objective` was given in."""
@@ -119,6 +157,8 @@ class W2SProtocol:
         student_checkpoint: "last" (default: selecting students on gold validation labels would leak gold
             supervision into W2S) or "best".
         drift: add the drift-diagnostics callback to student stages and report its final values.
+        paired_reference: the method every other is compared with, seed by seed (NTS(reference) − NTS(X), mean and
+            95% interval); null or a name that is not a method: no paired table.
     """
 
     out_dir: str
@@ -138,6 +178,7 @@ class W2SProtocol:
     teacher_search: Optional[TeacherSearch] = None
     student_checkpoint: str = "last"
     drift: bool = True
+    paired_reference: Optional[str] = "anchor"
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
@@ -150,8 +191,14 @@ class W2SProtocol:
         bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
         if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
             raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
-        for method in self.methods:
+        for i, method in enumerate(self.methods):
             method.objective_class_path()  # an unknown objective fails here, naming the method
+            if method.from_method is not None:
+                earlier = {m.name: m for m in self.methods[:i]}
+                source = earlier.get(method.from_method)
+                if source is None or source.sweep or source.from_method:
+                    raise ValueError(f"method {method.name!r}: from_method {method.from_method!r} must name an "
+                                     "earlier method that fits one checkpoint per seed (no sweep, no from_method)")
         for flag in ("teacher_checkpoint", "student_checkpoint"):
             if getattr(self, flag) not in ("best", "last"):
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
@@ -223,6 +270,9 @@ class Stage:
     upstream: tuple[str, ...] = ()
     pretrained: Optional[str] = None  # an outside model tested as is: the stage runs `cli.py test` only
     search: Optional[TeacherSearch] = None  # the teacher's fitted recipe: a fit per candidate, one kept
+    method: Optional[str] = None  # the row a student stage belongs to (a swept method has one stage per value)
+    value: Any = None  # its swept value
+    evaluates: Optional[str] = None  # a stage of the same seed whose checkpoint this one only evaluates
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -268,9 +318,13 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
                                 p.student_checkpoint, ("teacher",)))
         for m in p.methods:
-            stages.append(Stage(seed, m.name, f"method {m.name!r}", os.path.join(seed_dir, m.name),
-                                student + m.cli_args(), p.student_checkpoint,
-                                ("teacher", "ceiling") if p.ceiling else ("teacher",)))
+            upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
+            for name, value, extra in m.variants():
+                role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
+                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + m.cli_args() + extra,
+                                    PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
+                                    upstream + ((m.from_method,) if m.from_method else ()), method=m.name,
+                                    value=value, evaluates=m.from_method))
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -289,6 +343,8 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
         args.append(f"--data.teacher_checkpoint={done['teacher'][stage.seed]['checkpoint']}")
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
+    if stage.evaluates:
+        args.append(f"--ckpt_path={done[stage.evaluates][stage.seed]['checkpoint']}")
     return args
 
 
@@ -398,7 +454,7 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
     if forced:
         forced_runs.add((stage.name, stage.seed))
     on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
-    run = run_test_stage if stage.pretrained else run_stage
+    run = run_test_stage if stage.pretrained or stage.evaluates else run_stage
     result = run(stage, stage.args + upstream_args(stage, done), identity)
     if stage.name == "ceiling":  # the methods' --model.ceiling_results
         on_rank_zero(f"write the ceiling results of {stage.dir}", atomic_write_json,
@@ -453,9 +509,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
         runs.append(fit.trainer.strategy.broadcast(uuid.uuid4().hex))
         ckpt = _selected_checkpoint(fit.trainer, stage, folder)
-        callback = fit.trainer.checkpoint_callback
-        score = callback.best_model_score if callback is not None else None
-        return fit, ckpt, None if score is None else round(100.0 * float(score), 2)
+        return fit, ckpt, selected_val_acc(fit.trainer, stage)
 
     start = time.time()
     if stage.search is not None:
@@ -470,11 +524,12 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         data_init = (stage.config.get("data") or {}).get("init_args") or {}
         extra["teacher_search"] = run_search(stage.search, stage.dir, args, data_init, stage.seed, candidate)
         ckpt = extra["teacher_search"]["checkpoint"]
+        val_acc = next(c["val_acc"] for c in extra["teacher_search"]["candidates"] if c["checkpoint"] == ckpt)
         args = [*args, *stage.search.candidate_args(extra["teacher_search"]["chosen"])]
         extra["teacher_structure"] = measure(ckpt, data_init, stage.seed)  # the chosen one: report only
         drift = teacher_labels = None
     else:
-        fit, ckpt, _ = fit_once([], stage.dir)
+        fit, ckpt, val_acc = fit_once([], stage.dir)
         drift_cb = _find_drift_callback(fit.trainer)
         drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> …}
         teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
@@ -484,7 +539,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     _write_commands(stage.dir, [*commands, test_args])
     test = main(test_args)
     result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
-              "identity": identity, "run": runs[-1], "args": args, **extra}
+              "val_acc": val_acc, "identity": identity, "run": runs[-1], "args": args, **extra}
     if drift:
         result["drift"] = drift
     if teacher_labels:
@@ -494,20 +549,40 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
 
 
 def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
-    """An outside model's stage: `cli.py test` only. Its result has a fitted stage's keys; "checkpoint" is the
-    model itself (`hf_classifier:...`), which the students' `--data.teacher_checkpoint` then takes."""
+    """A stage that fits nothing: an outside model's (`cli.py test` only; "checkpoint" is the model itself,
+    `hf_classifier:...`, which the students' `--data.teacher_checkpoint` then takes), or one that evaluates another
+    stage's checkpoint (`evaluates`, `--ckpt_path` among `args`: `cli.py validate`, for model selection, then
+    `cli.py test`). Its result has a fitted stage's keys."""
     from cli import main
 
-    test_args = ["test", *args, *stage.location_args("test"), "--verbose=false"]
-    _write_commands(stage.dir, [test_args])
+    commands, val_acc = [], None
     start = time.time()
-    test = main(test_args)
+    if stage.evaluates:
+        commands.append(["validate", *args, *stage.location_args("validate"), "--verbose=false"])
+        _write_commands(stage.dir, commands)
+        validated = main(commands[-1])
+        val_acc = round(100.0 * float(validated.trainer.callback_metrics["val/acc"]), 2)
+        del validated
+    commands.append(["test", *args, *stage.location_args("test"), "--verbose=false"])
+    _write_commands(stage.dir, commands)
+    test = main(commands[-1])
     run = test.trainer.strategy.broadcast(uuid.uuid4().hex)  # as in `run_stage`: the same id on every rank
-    result = {"test": test.model.test_results, "checkpoint": stage.pretrained, "fit_seconds": 0.0,
-              "test_seconds": round(time.time() - start, 1), "identity": identity, "run": run, "args": args,
-              "pretrained": stage.pretrained}
+    checkpoint = stage.pretrained or next(a.split("=", 1)[1] for a in args if a.startswith("--ckpt_path="))
+    result = {"test": test.model.test_results, "checkpoint": checkpoint, "fit_seconds": 0.0,
+              "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "identity": identity, "run": run,
+              "args": args, "pretrained": stage.pretrained}
     on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
+
+
+def selected_val_acc(trainer, stage: Stage) -> Optional[float]:
+    """The ID validation accuracy (percent) of the checkpoint the stage keeps: the best one's score, or the last
+    validation's (run after the last training step) for "last". The model-selection rule `id_val` reads it."""
+    callback = trainer.checkpoint_callback
+    if stage.checkpoint == "best" and callback is not None and callback.best_model_score is not None:
+        return round(100.0 * float(callback.best_model_score), 2)
+    value = trainer.callback_metrics.get("val/acc")
+    return None if value is None else round(100.0 * float(value), 2)
 
 
 def _selected_checkpoint(trainer, stage: Stage, folder: Optional[str] = None) -> str:

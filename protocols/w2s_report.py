@@ -111,26 +111,71 @@ def fmt(cell: dict | None, key: str) -> str:
     return f"{sign}{cell['mean']:.1f}" + (f" ± {cell['std']:.1f}" if spread else "")
 
 
-def summarize(p, raw: dict[str, dict[int, dict]]) -> dict:
-    """results.json's content: the table (rows = methods) and what it needs to be read."""
-    first = next(iter(raw["teacher"].values()))["test"]
+def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
+    """results.json's content: the table (rows = methods, a swept method's row picked per seed by `id_val`), the
+    `oracle_target` table beside it, the paired differences to ANCHOR, and what they need to be read."""
+    from protocols.model_selection import (
+        paired, paired_markdown, select, selection_markdown, selection_record,
+    )
+
+    first = next(iter(stages_raw["teacher"].values()))["test"]
     splits = [k for k in first if k != "transfer"]
     id_source, targets = splits[0], splits[1:]
+    raw, _ = select(p, stages_raw, "id_val", targets)
     table = aggregate(raw, id_source)
+    selection = selection_record(p, stages_raw, targets)
+    oracle = aggregate(select(p, stages_raw, "oracle_target", targets)[0], id_source) if selection and targets else {}
+    reference = getattr(p, "paired_reference", None)
+    pairs = paired(table, reference) if reference else {}
     has_pgr = any("pgr" in row for row in table.values())
     cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
     teacher_labels = teacher_label_structure(raw)
     searches, structures = teacher_recipe(raw)
     correlation = drift_ood_correlation(table, targets)
+    oracle_part = ("Oracle selection (`oracle_target`: each swept method's value picked on the target **test** splits; "
+                   "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds))) if oracle else ""
     markdown = "\n\n".join(part for part in (
         WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches, structures), outside_models_line(p),
-        markdown_table(table, cols, len(p.seeds)), interval_table(table, targets) if len(p.seeds) > 1 else "",
-        teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
+        selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds)),
+        interval_table(table, targets) if len(p.seeds) > 1 else "", paired_markdown(pairs, reference),
+        oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
+        teacher_label_table(teacher_labels), correlation_line(correlation), cost_line(p, stages_raw)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
+            "selection": {"rule": "id_val", "swept": selection}, "oracle_rows": oracle, "paired": pairs,
+            "paired_reference": reference if pairs else None,
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
-            "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in raw.items()}}
+            "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in stages_raw.items()},
+            "method_seconds": method_seconds(p, stages_raw)}
+
+
+def method_seconds(p, stages_raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """Per method, over seeds: its fits, their mean wall time and the total (a sweep costs all its fits; a method
+    that only evaluates another's checkpoints costs its validate + test runs)."""
+    from protocols.model_selection import method_stages
+
+    out = {}
+    for method, stages in method_stages(p).items():
+        results = [stages_raw[name][seed] for name, _ in stages for seed in stages_raw.get(name, {})]
+        fits = [r.get("fit_seconds", 0.0) for r in results if r.get("fit_seconds")]
+        evals = [r.get("test_seconds", 0.0) for r in results if r.get("test_seconds")]
+        out[method] = {"stages": len(results), "fit_seconds_mean": statistics.fmean(fits) if fits else 0.0,
+                       "fit_seconds_total": sum(fits), "eval_seconds_total": sum(evals),
+                       "seeds": len({seed for name, _ in stages for seed in stages_raw.get(name, {})})}
+    return out
+
+
+def cost_line(p, stages_raw: dict[str, dict[int, dict]]) -> str:
+    costs = method_seconds(p, stages_raw)
+    if not costs:
+        return ""
+    cells = []
+    for method, c in costs.items():
+        per_seed = (c["fit_seconds_total"] + c["eval_seconds_total"]) / max(c["seeds"], 1)
+        cells.append(f"{method} {per_seed:.0f} s" + (f" ({c['stages'] // max(c['seeds'], 1)} stages)"
+                                                       if c["stages"] > c["seeds"] else ""))
+    return "Wall time per seed (fits, or evaluations for a method that only evaluates): " + ", ".join(cells) + "."
 
 
 WHAT_TO_LOOK_FOR = ("What to look for: the paper's failure is a weak-label student with WRG > 0 (it beats its teacher "

@@ -1,0 +1,137 @@
+"""Model selection for swept methods, and paired comparisons between methods (issue 23, docs/w2s.md "Model
+selection").
+
+A method with a `sweep` has one stage per value and one row per seed: the stage the rule picks.
+
+- `id_val` (the protocol's table): the highest accuracy on the ID **validation** split of the source (gold labels,
+  disjoint from both halves and from every test split) of the checkpoint the stage keeps. No target data.
+- `oracle_target` (reported beside it, an upper bound, never a result): the highest mean accuracy on the OOD target
+  **test** splits — the rule the λ of earlier tables was read with.
+
+Ties go to the earlier value of the sweep. Methods share teachers and data per seed, so two methods are compared by
+the per-seed paired difference of their NTS, with its mean and a 95% Student-t interval over seeds (`paired`).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional
+
+from protocols.w2s_report import ci95
+
+RULES = ("id_val", "oracle_target")
+
+
+def method_stages(p) -> dict[str, list[tuple[str, Any]]]:
+    """Each method's stages and swept values, in sweep order: {method: [(stage name, value), ...]}."""
+    return {m.name: [(name, value) for name, value, _ in m.variants()] for m in p.methods}
+
+
+def rule_score(stage: dict, rule: str, targets: list[str], where: str) -> float:
+    """What the rule maximises for one stage's result (percent)."""
+    if rule == "id_val":
+        if stage.get("val_acc") is None:
+            raise ValueError(f"{where}: its result.json has no val_acc (finished before model selection existed, "
+                             "or without a validation split): rerun it with --force")
+        return float(stage["val_acc"])
+    if rule == "oracle_target":
+        if not targets:
+            raise ValueError(f"{where}: oracle_target selection needs OOD targets")
+        return statistics.fmean(100.0 * stage["test"][t]["acc"] for t in targets)
+    raise ValueError(f"unknown model-selection rule {rule!r}; the rules are {RULES}")
+
+
+def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
+           ) -> tuple[dict[str, dict[int, dict]], dict[str, dict[int, Any]]]:
+    """`raw` (stage name -> seed -> result) with each swept method's stages replaced by the one the rule picks per
+    seed, under the method's name; and the picked value per swept method and seed."""
+    groups = method_stages(p)
+    swept = {m: stages for m, stages in groups.items() if m not in raw}  # a swept method's stages carry "@"
+    row_of = {name: m for m, stages in swept.items() for name, _ in stages}
+    ordered: dict[str, dict[int, dict]] = {}
+    picked: dict[str, dict[int, Any]] = {}
+    for name, per_seed in raw.items():  # rows in the stages' order, a swept method once, where its first stage is
+        method = row_of.get(name)
+        if method is None:
+            ordered[name] = per_seed
+        elif method not in ordered:
+            stages = swept[method]
+            ordered[method], picked[method] = {}, {}
+            for seed in sorted(per_seed):
+                scores = [rule_score(raw[s][seed], rule, targets, f"{p.out_dir}/seed{seed}/{s}") for s, _ in stages]
+                best = max(range(len(stages)), key=lambda i: (scores[i], -i))
+                ordered[method][seed] = raw[stages[best][0]][seed]
+                picked[method][seed] = stages[best][1]
+    return ordered, picked
+
+
+def selection_record(p, raw: dict[str, dict[int, dict]], targets: list[str]) -> dict[str, dict]:
+    """Per swept method: the flag, the values, each rule's pick per seed, and every value's scores per seed."""
+    record = {}
+    for m in p.methods:
+        if not m.sweep:
+            continue
+        stages = [(name, value) for name, value, _ in m.variants()]
+        seeds = sorted(raw[stages[0][0]])
+        scores = {seed: [{"value": value, "val_acc": raw[name][seed].get("val_acc"),
+                          "target_acc": rule_score(raw[name][seed], "oracle_target", targets, name) if targets
+                          else None} for name, value in stages] for seed in seeds}
+        record[m.name] = {"flag": m.sweep_flag, "values": m.sweep[m.sweep_flag], "scores": scores}
+    for rule in RULES:
+        if rule == "oracle_target" and not targets:
+            continue
+        _, picked = select(p, raw, rule, targets)
+        for method, per_seed in picked.items():
+            record[method][rule] = per_seed
+    return record
+
+
+def paired(table: dict, reference: str, key: str = "nts") -> dict[str, dict]:
+    """For every other weak-label method X: the per-seed difference key(reference) − key(X) on the seeds both
+    have, with its mean, std and 95% t-interval."""
+    if reference not in table or key not in table[reference]:
+        return {}
+    ref = table[reference][key]["per_seed"]
+    out = {}
+    for method, row in table.items():
+        if method in (reference, "teacher", "ceiling") or key not in row:
+            continue
+        seeds = sorted(set(ref) & set(row[key]["per_seed"]), key=int)
+        diffs = {s: ref[s] - row[key]["per_seed"][s] for s in seeds}
+        if not diffs:
+            continue
+        values = list(diffs.values())
+        mean = statistics.fmean(values)
+        std = statistics.stdev(values) if len(values) > 1 else None
+        out[method] = {"per_seed": diffs, "mean": mean, "std": std, "n": len(values), "ci95": ci95(mean, std, len(values))}
+    return out
+
+
+def paired_markdown(pairs: dict[str, dict], reference: str, key: str = "NTS") -> str:
+    if not pairs:
+        return ""
+    lines = [f"Paired differences {key}({reference}) − {key}(X), per seed (methods share teachers and data), mean "
+             "[95% t-interval]:", "", "| X | mean [95% CI] | per seed |", "|---|---|---|"]
+    for method, d in pairs.items():
+        interval = (f" [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if d["ci95"] else " (one seed)")
+        seeds = ", ".join(f"{v:+.1f}" for _, v in sorted(d["per_seed"].items(), key=lambda kv: int(kv[0])))
+        lines.append(f"| {method} | {d['mean']:+.1f}{interval} | {seeds} |")
+    return "\n".join(lines)
+
+
+def selection_markdown(record: dict[str, dict], rule: str) -> str:
+    """One line per swept method: the value the rule picked in each seed."""
+    if not record:
+        return ""
+    lines = [f"Model selection `{rule}`" + (" (the ID validation split of the source; no target data)"
+                                            if rule == "id_val" else " (the target test splits: an upper bound)")
+             + ": the value each swept method's row took, per seed."]
+    for method, r in record.items():
+        picks = r.get(rule) or {}
+        cells = ", ".join(f"seed {s}: {_value(v)}" for s, v in sorted(picks.items(), key=lambda kv: int(kv[0])))
+        values = ", ".join(_value(v) for v in r["values"])
+        lines.append(f"- {method} ({r['flag']} ∈ {{{values}}}): {cells}")
+    return "\n".join(lines)
+
+
+def _value(v: Optional[Any]) -> str:
+    return "null" if v is None else f"{v:g}" if isinstance(v, float) else str(v)

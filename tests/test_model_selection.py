@@ -1,0 +1,101 @@
+"""Model selection and paired comparisons (issue 23, protocols/model_selection.py): a swept method is one row whose
+value per seed is the one with the best ID validation accuracy (`id_val`), the `oracle_target` table beside it picks
+on the target test splits, a method that evaluates another's checkpoints costs no fit, and the paired differences are
+the per-seed differences of the rows — all recomputed here from the stages' own result files."""
+import json
+import os
+import statistics
+
+import pytest
+
+from protocols.model_selection import paired, select
+from protocols.w2s import Method, main as run_protocol, parse
+from tests.test_w2s_protocol import SRC, TARGETS, _tiny_protocol, _write
+
+
+def _result(out, seed, stage):
+    with open(os.path.join(out, f"seed{seed}", stage, "result.json")) as f:
+        return json.load(f)
+
+
+def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_tokenizer_dir, cache_dir):
+    methods = [{"name": "naive", "objective": "naive"},
+               {"name": "naive_again", "from_method": "naive"},  # evaluates naive's checkpoint: the same scores
+               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [0.0, 3.0]}}]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods)
+    results = run_protocol(["--config", _write(tmp_path, cfg)])
+    out = cfg["out_dir"]
+    assert list(results["rows"]) == ["teacher", "naive", "naive_again", "anchor"]
+    variants = {v: f"anchor@anchor_coef={v}" for v in (0.0, 3.0)}
+    assert all(os.path.isdir(os.path.join(out, "seed0", name)) for name in variants.values())
+    record = results["selection"]["swept"]["anchor"]
+    for seed in (0, 1):
+        stage = {v: _result(out, seed, name) for v, name in variants.items()}
+        # id_val: the best validation accuracy (ties: the earlier value); the row is that stage's scores
+        best = max(stage, key=lambda v: (stage[v]["val_acc"], -list(stage).index(v)))
+        assert record["id_val"][seed] == best
+        assert results["rows"]["anchor"]["nts"]["per_seed"][seed] == pytest.approx(stage[best]["test"]["transfer"]["nts"])
+        # oracle_target: the best mean accuracy on the target test splits
+        target_acc = {v: statistics.fmean(100 * s["test"][t]["acc"] for t in TARGETS) for v, s in stage.items()}
+        oracle = max(stage, key=lambda v: (target_acc[v], -list(stage).index(v)))
+        assert record["oracle_target"][seed] == oracle
+        # the evaluating method: no fit, naive's checkpoint, naive's validation accuracy and test scores
+        naive, again = _result(out, seed, "naive"), _result(out, seed, "naive_again")
+        assert again["fit_seconds"] == 0.0 and again["checkpoint"] == naive["checkpoint"]
+        assert again["val_acc"] == pytest.approx(naive["val_acc"], abs=1e-6)
+        assert again["test"][SRC]["acc"] == pytest.approx(naive["test"][SRC]["acc"])
+    # paired: NTS(anchor) − NTS(X) per seed, from the rows
+    rows = results["rows"]
+    for method in ("naive", "naive_again"):
+        d = results["paired"][method]
+        for seed, diff in d["per_seed"].items():
+            assert diff == pytest.approx(rows["anchor"]["nts"]["per_seed"][seed] - rows[method]["nts"]["per_seed"][seed])
+        assert d["mean"] == pytest.approx(statistics.fmean(d["per_seed"].values()))
+    md = open(os.path.join(out, "results.md")).read()
+    assert "Model selection `id_val`" in md and "Oracle selection" in md and "Paired differences" in md
+    assert "- anchor (--model.anchor_coef ∈ {0, 3}): seed 0:" in md
+
+
+def test_paired_differences_by_hand():
+    cell = lambda *v: {"per_seed": {str(i): x for i, x in enumerate(v)}}  # noqa: E731
+    table = {"teacher": {"nts": cell(0, 0, 0)}, "anchor": {"nts": cell(5.0, 1.0, 3.0)},
+             "naive": {"nts": cell(1.0, 2.0, -1.0)}, "short": {"nts": {"per_seed": {"1": 0.5}}}}
+    d = paired(table, "anchor")
+    assert d["naive"]["per_seed"] == {"0": 4.0, "1": -1.0, "2": 4.0} and d["naive"]["mean"] == pytest.approx(7 / 3)
+    # std 2.8868, t(2) = 4.303: half width 4.303 * 2.8868 / sqrt(3) = 7.172
+    low, high = d["naive"]["ci95"]
+    assert (low, high) == (pytest.approx(7 / 3 - 7.172, abs=1e-3), pytest.approx(7 / 3 + 7.172, abs=1e-3))
+    assert d["short"] == {"per_seed": {"1": 0.5}, "mean": 0.5, "std": None, "n": 1, "ci95": None}
+    assert "teacher" not in d and paired(table, "missing") == {}
+
+
+def test_selection_ties_go_to_the_earlier_value_and_missing_validation_is_refused(tmp_path):
+    p = parse(["--config", _write(tmp_path, {
+        "out_dir": str(tmp_path / "run"), "trainer_configs": [], "data_configs": [], "student_configs": [],
+        "teacher_configs": [__file__], "methods": [{"name": "m", "sweep": {"--model.anchor_coef": [1.0, 2.0]}}]})])
+    res = lambda v: {"val_acc": v, "test": {"t": {"acc": 0.5}}}  # noqa: E731
+    raw = {"teacher": {0: {}}, "m@anchor_coef=1.0": {0: res(80.0)}, "m@anchor_coef=2.0": {0: res(80.0)}}
+    rows, picked = select(p, raw, "id_val", ["t"])
+    assert picked == {"m": {0: 1.0}} and list(rows) == ["teacher", "m"]
+    raw["m@anchor_coef=2.0"][0]["val_acc"] = None
+    with pytest.raises(ValueError, match="no val_acc.*--force"):
+        select(p, raw, "id_val", ["t"])
+
+
+@pytest.mark.parametrize("method, message", [
+    ({"name": "m", "sweep": {"--model.a": [1], "--model.b": [2]}}, "sweep takes one flag"),
+    ({"name": "m", "sweep": {"anchor_coef": [1]}}, "not a cli.py flag"),
+    ({"name": "m", "sweep": {"--model.anchor_coef": []}}, "non-empty list"),
+    ({"name": "m", "sweep": {"--model.anchor_coef": [1, 1]}}, "repeats a value"),
+    ({"name": "m", "checkpoint": "first"}, "'best' or 'last'"),
+])
+def test_bad_sweeps_are_refused(method, message):
+    with pytest.raises(ValueError, match=message):
+        Method(**method)
+
+
+def test_from_method_must_name_an_earlier_unswept_method(tmp_path, word_tokenizer_dir, cache_dir):
+    methods = [{"name": "wise", "from_method": "naive"}, {"name": "naive"}]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods)
+    with pytest.raises(ValueError, match="from_method 'naive' must name an earlier method"):
+        run_protocol(["--config", _write(tmp_path, cfg)])
