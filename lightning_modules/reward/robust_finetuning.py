@@ -1,4 +1,5 @@
-"""Robust fine-tuning baselines that, like ANCHOR, keep the student near its pretrained state (docs/robust_baselines.md).
+"""Robust fine-tuning baselines that, like ANCHOR, keep the student near its pretrained state
+(docs/robust_baselines.md).
 
 - L2-SP (Li et al. 2018): a penalty λ·Σ‖θ − θ₀‖² on the trainable backbone parameters (`l2sp_penalty`).
 - LP-FT (Kumar et al. 2022): the head alone for the first k epochs, then the head and the backbone
