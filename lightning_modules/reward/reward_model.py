@@ -2,7 +2,8 @@
 
 A batch holds B pairs; chosen/a and rejected/b go through the backbone in ONE forward of 2B sequences
 (rows [0, B) are the a's, rows [B, 2B) the b's). ANCHOR adds λ·masked-MSE between the student's hidden states
-and a frozen reference's (held by `ReferenceModelCallback`), over response tokens only.
+and a frozen reference's (held by `ReferenceModelCallback`), over response tokens only. The robust fine-tuning
+baselines L2-SP, LP-FT and WiSE-FT (`robust_finetuning.py`, docs/robust_baselines.md) are options of the same module.
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ from lightning_modules.reward.heads import Pooling, RewardHead
 from lightning_modules.reward.losses import reward_centering_loss, selected_mse
 from lightning_modules.reward.metrics import PairwiseAccuracy, SplitMetrics, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
+from lightning_modules.reward.robust_finetuning import (
+    PretrainedWeights, check_robust_options, interpolate_towards, l2sp_penalty, set_backbone_trainable,
+)
 from lightning_modules.reward.subset_report import format_subset_tables, subset_log_dict, subset_report
 
 
@@ -82,6 +86,19 @@ class RewardModelModule(LightningModule):
             second epoch on no prefix forward at all, and validation, test and the drift probes run layers
             k+1..L only (the W2S protocol's students share one store per seed). Implies the sharing.
         prefix_cache_max_mb: the store's budget in MiB; past it new sequences are recomputed (one warning).
+        l2sp_coef: λ of L2-SP (Li et al. 2018): adds λ·Σ‖θ − θ₀‖², a sum (no 1/2, no mean) over every element of
+            the backbone parameters that train (not the head, which has no pretrained value; not frozen layers);
+            θ₀ = their values right after construction, kept outside `state_dict` and the optimizer. Logged as
+            `train/l2sp` (the distance) and `train/l2sp_term` (λ times it). 0 disables it; not with LoRA.
+        linear_probe_epochs: LP-FT (Kumar et al. 2022): for the first k epochs only the head trains (the backbone
+            parameters that `freeze_layers` leaves trainable get requires_grad False, set from `current_epoch` at
+            every epoch start, so a resumed run agrees); from epoch k they train too. The optimizer holds them from
+            the start. 0 disables it; single-process only (DDP fixes the parameters that get gradients).
+        wise_ft_alpha: WiSE-FT (Wortsman et al. 2022), for test / validate: whenever a state dict is loaded
+            (`--ckpt_path`, `load_from_checkpoint`, `load_state_dict`), the fine-tuned backbone parameters become
+            (1 − α)·θ₀ + α·θ_ft, θ₀ = this module's weights at construction (the pretrained backbone); the loaded
+            head is kept as is (θ₀'s head is random). In [0, 1]; null disables it. Not saved in the checkpoint's
+            hyperparameters (it transforms loaded weights; a saved α would apply twice). Not with LoRA / fit.
         optimizer: optimizer factory (injected by the CLI).
         lr_scheduler: optional scheduler factory; one with `set_total_steps` gets the run's step count.
     """
@@ -110,13 +127,17 @@ class RewardModelModule(LightningModule):
         share_frozen_prefix: bool = False,
         cache_frozen_prefix: bool = False,
         prefix_cache_max_mb: float = 2048.0,
+        l2sp_coef: float = 0.0,
+        linear_probe_epochs: int = 0,
+        wise_ft_alpha: Optional[float] = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "wise_ft_alpha"])
         _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers)
         classifier = is_hf_classifier(backbone)
+        check_robust_options(l2sp_coef, linear_probe_epochs, wise_ft_alpha, lora, quantization, classifier)
         if classifier:
             check_classifier_options(backbone, **{k: v for k, v in self.hparams.items() if k != "backbone"})
             # before its tokenizer loads: a folder without config.json would fail there, naming neither
@@ -175,11 +196,29 @@ class RewardModelModule(LightningModule):
             _freeze_reward_offset(self.backbone)
         if not classifier:
             _freeze_key_biases(self.backbone)
+        self._init_robust_finetuning(float(l2sp_coef), int(linear_probe_epochs), wise_ft_alpha)
         self.head = None if classifier else RewardHead(hidden_size(self.backbone), pooling)  # None: its own head
         self.val_acc = PairwiseAccuracy()
         self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
         self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
+
+    def _init_robust_finetuning(self, l2sp_coef: float, linear_probe_epochs: int, alpha: Optional[float]) -> None:
+        """θ₀ and the names of the backbone parameters that fine-tuning trains, taken now: after the pretrained
+        weights, the freezing and the adapters, before any training or checkpoint restore."""
+        self.l2sp_coef, self.linear_probe_epochs = l2sp_coef, linear_probe_epochs
+        self.wise_ft_alpha = None if alpha is None else float(alpha)
+        self.wise_ft_applied = False
+        self.finetuned_names: list[str] = []
+        self.pretrained_weights: Optional[PretrainedWeights] = None  # plain attribute: not a buffer, not saved
+        if l2sp_coef == 0 and linear_probe_epochs == 0 and alpha is None:
+            return
+        self.finetuned_names = [n for n, p in self.backbone.named_parameters() if p.requires_grad]
+        if alpha is not None:  # every parameter: the frozen ones prove the loaded weights started from θ₀
+            self.pretrained_weights = PretrainedWeights(self.backbone, [n for n, _ in self.backbone.named_parameters()])
+            self.register_load_state_dict_post_hook(_wise_ft_after_load)
+        elif l2sp_coef > 0:
+            self.pretrained_weights = PretrainedWeights(self.backbone, self.finetuned_names)
 
     # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
     @property
@@ -237,6 +276,11 @@ class RewardModelModule(LightningModule):
             loss = loss + self.anchor_coef * anchor
             logs["train/anchor_loss"] = anchor
             logs["train/anchor_term"] = self.anchor_coef * anchor.detach()
+        if self.l2sp_coef > 0:
+            distance = l2sp_penalty(self.backbone, self.pretrained_weights, self.finetuned_names)
+            loss = loss + self.l2sp_coef * distance
+            logs["train/l2sp"] = distance.detach()
+            logs["train/l2sp_term"] = self.l2sp_coef * distance.detach()
         logs["train/loss"] = loss
         logs["train/agree"] = ((margin.detach() > 0).float() == (batch["labels"] > 0.5).float()).float().mean()
         self.log_dict(logs, prog_bar=False, batch_size=margin.shape[0])
@@ -255,10 +299,32 @@ class RewardModelModule(LightningModule):
                              "it evaluates (test, validate, a W2S teacher) but does not train here")
         if self.frozen_prefix is not None:
             self.frozen_prefix.invalidate()  # the weights may have been changed since the last call
+        if self.wise_ft_alpha is not None:
+            raise ValueError("--model.wise_ft_alpha interpolates fine-tuned weights for test / validate; a fit would "
+                             "interpolate the checkpoint it resumes from. Unset it for fit")
+        if self.linear_probe_epochs > 0 and self.trainer.world_size > 1:
+            raise ValueError(f"--model.linear_probe_epochs runs in one process only: DDP fixes at wrapping which "
+                             f"parameters get gradients, and LP-FT changes that set (world size "
+                             f"{self.trainer.world_size}); use one device or --model.linear_probe_epochs 0")
+        if self.pretrained_weights is not None:
+            self.pretrained_weights.match(self.backbone)  # L2-SP reads θ₀ every step
+
+    def on_train_epoch_start(self) -> None:
+        if self.linear_probe_epochs > 0:  # from the epoch alone, so a resumed run (mid-probe or after) agrees
+            set_backbone_trainable(self.backbone, self.finetuned_names, self.current_epoch >= self.linear_probe_epochs)
+
+    def on_validation_start(self) -> None:
+        self._check_wise_ft_loaded()
 
     def on_test_start(self) -> None:
+        self._check_wise_ft_loaded()
         if self.frozen_prefix is not None:
             self.frozen_prefix.invalidate()
+
+    def _check_wise_ft_loaded(self) -> None:
+        if self.wise_ft_alpha is not None and not self.wise_ft_applied:
+            raise ValueError("--model.wise_ft_alpha interpolates towards fine-tuned weights, but none were loaded: "
+                             "give --ckpt_path (a fine-tuned reward model's checkpoint)")
 
     def anchor_loss(self, batch: dict, hidden: tuple, prefix: Optional[tuple] = None) -> torch.Tensor:
         """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b.
@@ -330,7 +396,10 @@ class RewardModelModule(LightningModule):
 
     # ---- optimisation, checkpoints -----------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
-        params = [p for p in self.parameters() if p.requires_grad]
+        # LP-FT's backbone parameters belong to the optimizer from the start (AdamW skips them while their grad is
+        # None): a fit built mid-probe still trains them later, and a resumed optimizer state fits its groups
+        later = {f"backbone.{n}" for n in self.finetuned_names} if self.linear_probe_epochs > 0 else set()
+        params = [p for n, p in self.named_parameters() if p.requires_grad or n in later]
         optimizer = self.optimizer_factory(params)
         if self.scheduler_factory is None:
             return optimizer
@@ -384,6 +453,19 @@ def _embedding_modules(backbone: nn.Module) -> list[nn.Module]:
 
 def _invalidate_frozen_prefix(module: "RewardModelModule", incompatible_keys: Any) -> None:
     module.frozen_prefix.invalidate()
+
+
+def _wise_ft_after_load(module: "RewardModelModule", incompatible_keys: Any) -> None:
+    """WiSE-FT right after a load: the loaded (fine-tuned) backbone moved towards θ₀; frozen parameters, the frozen
+    prefix among them, must be θ₀'s already (`interpolate_towards` checks), so the prefix store stays valid."""
+    missing = [k for k in incompatible_keys.missing_keys if k.startswith("backbone.")]
+    if missing:
+        raise ValueError(f"--model.wise_ft_alpha: the loaded state dict lacks backbone weights ({missing[:4]}); "
+                         "there is no θ_ft to interpolate")
+    interpolate_towards(module.backbone, module.pretrained_weights, module.finetuned_names, module.wise_ft_alpha)
+    module.wise_ft_applied = True
+    if module.frozen_prefix is not None:
+        module.frozen_prefix.invalidate()  # belt and braces: the fingerprint is recomputed, and equal, at next use
 
 
 def _row_keys(batch: dict) -> list:
