@@ -134,4 +134,6 @@ def selection_markdown(record: dict[str, dict], rule: str) -> str:
 
 
 def _value(v: Optional[Any]) -> str:
-    return "null" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    from protocols.teacher_search import value_label
+
+    return "null" if v is None else f"{v:g}" if isinstance(v, float) else value_label(v)

@@ -79,9 +79,11 @@ class TeacherSearch:
 
 
 def value_label(value: Any) -> str:
-    """A candidate's folder name and table cell: the value, `full` for null."""
+    """A candidate's folder name and table cell: the value, `full` for null, `r16-alpha32` for {"r": 16, "alpha": 32}."""
     if value is None:
         return VALUE_LABELS[None]
+    if isinstance(value, dict):
+        return "-".join(f"{value_label(k)}{value_label(v)}" for k, v in value.items())
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))
 
 

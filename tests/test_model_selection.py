@@ -20,12 +20,13 @@ def _result(out, seed, stage):
 
 def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_tokenizer_dir, cache_dir):
     methods = [{"name": "naive", "objective": "naive"},
-               {"name": "naive_again", "from_method": "naive"},  # evaluates naive's checkpoint: the same scores
+               # WiSE-FT evaluates naive's checkpoint: at α = 1 exactly naive's scores
+               {"name": "wise", "from_method": "naive", "sweep": {"--model.wise_ft_alpha": [0.5, 1.0]}},
                {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [0.0, 3.0]}}]
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods)
     results = run_protocol(["--config", _write(tmp_path, cfg)])
     out = cfg["out_dir"]
-    assert list(results["rows"]) == ["teacher", "naive", "naive_again", "anchor"]
+    assert list(results["rows"]) == ["teacher", "naive", "wise", "anchor"]
     variants = {v: f"anchor@anchor_coef={v}" for v in (0.0, 3.0)}
     assert all(os.path.isdir(os.path.join(out, "seed0", name)) for name in variants.values())
     record = results["selection"]["swept"]["anchor"]
@@ -39,14 +40,14 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
         target_acc = {v: statistics.fmean(100 * s["test"][t]["acc"] for t in TARGETS) for v, s in stage.items()}
         oracle = max(stage, key=lambda v: (target_acc[v], -list(stage).index(v)))
         assert record["oracle_target"][seed] == oracle
-        # the evaluating method: no fit, naive's checkpoint, naive's validation accuracy and test scores
-        naive, again = _result(out, seed, "naive"), _result(out, seed, "naive_again")
+        # the evaluating method: no fit, naive's checkpoint, at α = 1 naive's validation accuracy and test scores
+        naive, again = _result(out, seed, "naive"), _result(out, seed, "wise@wise_ft_alpha=1.0")
         assert again["fit_seconds"] == 0.0 and again["checkpoint"] == naive["checkpoint"]
         assert again["val_acc"] == pytest.approx(naive["val_acc"], abs=1e-6)
         assert again["test"][SRC]["acc"] == pytest.approx(naive["test"][SRC]["acc"])
     # paired: NTS(anchor) − NTS(X) per seed, from the rows
     rows = results["rows"]
-    for method in ("naive", "naive_again"):
+    for method in ("naive", "wise"):
         d = results["paired"][method]
         for seed, diff in d["per_seed"].items():
             assert diff == pytest.approx(rows["anchor"]["nts"]["per_seed"][seed] - rows[method]["nts"]["per_seed"][seed])
