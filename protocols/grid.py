@@ -73,10 +73,14 @@ def estimate(grid: Grid) -> list[dict]:
             model = _model_name(p.teacher_configs if stage.name == "teacher" else p.student_configs)
             n = PARAMS.get(model, float("nan"))
             per_token = 4 * n if model.endswith("lora") else 6 * n
-            anchor = next((m.anchor_coef for m in p.methods if m.name == stage.name), 0.0)
-            flops = half * seq * (per_token + (2 * n if anchor > 0 else 0)) + test * seq * 2 * n
+            method = next((m for m in p.methods if m.name == stage.method), None)
+            anchor = (stage.value if method and method.sweep_flag == "--model.anchor_coef"
+                      else method.anchor_coef if method else 0.0)
+            fit = 0.0 if stage.evaluates else half * seq * (per_token + (2 * n if anchor > 0 else 0))
+            flops = fit + test * seq * 2 * n  # a stage that evaluates another's checkpoint fits nothing
             if stage.name == "teacher":
-                flops += half * seq * 2 * n  # labelling the student half
+                fits = len(stage.search.values) if stage.search else 1  # the search: at most one fit per value
+                flops = fits * fit + test * seq * 2 * n + half * seq * 2 * n  # + labelling the student half
             rows.append({"protocol": p.out_dir, "stage": f"seed{stage.seed}/{stage.name}", "model": model,
                          "train_pairs": int(half), "test_pairs": test, "flops": flops,
                          "gpu_hours": flops / (grid.gpu_tflops * 1e12) / 3600})
