@@ -135,9 +135,10 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     oracle_part = ("Oracle selection (`oracle_target`: each swept method's value picked on the target **test** splits; "
                    "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds))) if oracle else ""
     markdown = "\n\n".join(part for part in (
-        WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches, structures), outside_models_line(p),
+        WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches), outside_models_line(p),
         selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds)),
         interval_table(table, targets) if len(p.seeds) > 1 else "", paired_markdown(pairs, reference),
+        teacher_structure_markdown(structures),
         oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
         teacher_label_table(teacher_labels), correlation_line(correlation), cost_line(p, stages_raw)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
@@ -211,18 +212,23 @@ def teacher_recipe(raw: dict[str, dict[int, dict]]) -> tuple[dict[int, dict], di
     return searches, structures
 
 
-def teacher_recipe_markdown(searches: dict[int, dict], structures: dict[int, dict]) -> str:
-    """What the teacher search chose per seed and why, and the chosen teacher's structure per split."""
+def teacher_recipe_markdown(searches: dict[int, dict]) -> str:
+    """What the teacher search chose per seed and why (above the table: a list, so the table stays the first)."""
     from protocols.teacher_search import search_markdown
 
     if not searches:
         return ""
-    lines = ["The weak teacher's recipe, searched per seed on the validation split (`protocols.teacher_search`; "
-             "docs/teacher_structure.md):", search_markdown(searches)]
+    return "\n".join(["The weak teacher's recipe, searched per seed on the validation split "
+                      "(`protocols.teacher_search`; docs/teacher_structure.md):", search_markdown(searches)])
+
+
+def teacher_structure_markdown(structures: dict[int, dict]) -> str:
+    """The chosen teacher's structure per seed and split (below the table)."""
+    lines: list[str] = []
     if structures:
-        lines += ["", "The chosen teacher's structure (shortcut probe fitted on the teacher half; test splits "
-                      "reported, never searched on): accuracy on the pairs where the probe is wrong, and the share "
-                      "of its errors that are there (beside the share of such pairs).", "",
+        lines += ["The chosen teacher's structure (shortcut probe fitted on the teacher half; test splits "
+                  "reported, never searched on): accuracy on the pairs where the probe is wrong, and the share "
+                  "of its errors that are there (beside the share of such pairs).", "",
                   "| seed | split | teacher acc | right where the probe is wrong (pairs) | errors there / all errors "
                   "| probe-wrong share of pairs |", "|---|---|---|---|---|---|"]
         for seed, m in sorted(structures.items()):

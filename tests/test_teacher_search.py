@@ -107,6 +107,11 @@ def test_protocol_teacher_stage_runs_the_search_and_students_read_the_chosen_tea
     assert f"--data.teacher_checkpoint={teacher['checkpoint']}" in naive["args"]
     assert results["teacher_search"][0]["chosen"] == record["chosen"]
     assert f"--trainer.max_steps = **{record['chosen']}**" in results["markdown"]
+    # the search's lines sit above the table, the structure table below it: the run's first table is the results'
+    from tests.doc_tables import first_table, parse_table
+
+    assert set(parse_table(first_table(results["markdown"]))) == {"teacher", "naive"}
+    assert "The chosen teacher's structure" in results["markdown"].split("| naive |", 1)[1]
 
     # the search is part of the teacher's identity: other candidates are another teacher
     with pytest.raises(StageChangedError, match=r"search\.values"):
