@@ -123,3 +123,33 @@ def test_search_and_an_outside_teacher_are_refused_together(tmp_path, word_token
                          teacher_pretrained="hf_classifier:/nonexistent", teacher_configs=[])
     with pytest.raises(ValueError):
         run_protocol(["--config", _write(tmp_path, cfg)])
+
+
+def test_regime_table_rows_from_results_files(tmp_path):
+    """One row per benchmark: the search's choices, the student-half structure, teacher ID acc, naive WRG and its
+    worst AOG with t-intervals, NTS per method, and which clause of the failure holds — from results.json."""
+    from protocols.regime_table import main as regime_table
+
+    cell = lambda *v: {"per_seed": {str(i): x for i, x in enumerate(v)}}  # noqa: E731
+    structure = lambda acc, share, base: {"structure": {"train_student": {  # noqa: E731
+        "probe_wrong": {"teacher_acc": acc}, "shortcut_error_share": share, "probe_wrong_share": base}},
+        "probe": {"shortcut_strength": 84.0}}
+    results = {"id_source": "src", "targets": ["a", "b"], "seeds": [0, 1, 2],
+               "teacher_search": {str(s): {"chosen": v} for s, v in enumerate([20000, None, 20000])},
+               "teacher_structure": {str(s): structure(*v) for s, v in enumerate([(40, 80, 14), (30, 90, 14),
+                                                                                   (35, 85, 14)])},
+               "rows": {"teacher": {"acc/src": cell(85.0, 86.0, 87.0)},
+                        "naive": {"wrg": cell(3.0, 1.0, 2.0), "aog/a": cell(1.0, 2.0, 3.0),
+                                  "aog/b": cell(-5.0, -3.0, -4.0), "nts": cell(0.0, 1.0, 2.0)},
+                        "anchor": {"nts": cell(5.0, 6.0, 7.0)}}}
+    os.makedirs(tmp_path / "run" / "results")
+    json.dump(results, open(tmp_path / "run" / "results" / "results.json", "w"))
+    text = regime_table(["--run", f"bench={tmp_path / 'run'}"])
+    row = text.splitlines()[2].split(" | ")
+    # t(2) = 4.303; WRG 2.0 ± 1.0 → half width 4.303 / sqrt(3) = 2.484; worst AOG is b: −4.0 ± 1.0
+    assert row[2:7] == ["20000, full, 20000", "84.0 ± 0.0", "35.0 ± 5.0", "85.0 ± 5.0 / 14.0 ± 0.0", "86.0 ± 1.0"]
+    assert row[7] == "+2.0 [-0.5, +4.5]" and row[8] == "-4.0 [-6.5, -1.5] (b)"
+    assert row[9:11] == ["+1.0 ± 1.0", "+6.0 ± 1.0"] and "amplifies the shortcut" in row[11]
+    results["rows"]["naive"]["wrg"] = cell(-1.0, -2.0, 0.0)  # no ID gain: the clause that fails is named
+    json.dump(results, open(tmp_path / "run" / "results" / "results.json", "w"))
+    assert "naive WRG > 0: no; some AOG < 0: yes" in regime_table(["--run", f"bench={tmp_path / 'run'}"])
