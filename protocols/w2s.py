@@ -48,7 +48,7 @@ from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers 
 from protocols.stage_identity import (
     ForceSpec, digest, identity_changes, refusal, resolve_cli_config, stage_identity, without_location,
 )
-from protocols.teacher_search import TeacherSearch, search_markdown, value_label  # noqa: F401 -- report imports
+from protocols.teacher_search import TeacherSearch, value_label
 
 
 @dataclass

@@ -20,10 +20,10 @@ import functools
 import hashlib
 import random
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from datamodules.preference import synthetic_advice_lexicon as lex
-from datamodules.preference.synthetic_shift import N_BUCKETS, SPLIT_BUCKETS, SPLITS, split_words
+from datamodules.preference.synthetic_shift import N_BUCKETS, SPLIT_BUCKETS, SPLITS, lexicon_words, split_words
 
 DOMAINS = ("gardening", "fitness", "music", "pets")
 SOURCE_DOMAIN = "gardening"
@@ -58,28 +58,13 @@ def request_split(request: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _vocabulary() -> tuple[str, ...]:
-    words: set[str] = set()
-    for text in _strings([v for k, v in vars(lex).items() if k.isupper()]):
-        words.update(split_words(re.sub(r"\{\w+\}", " ", text)))
-    return tuple(sorted(words))
+    return lexicon_words(lex)
 
 
 def advice_vocabulary() -> list[str]:
     """Every word (under `synthetic_shift.split_words`) the generator and its hub records can emit: a closed
     vocabulary for a word-level tokenizer, as `synthetic_vocabulary()` is for the shipped benchmark."""
     return list(_vocabulary())
-
-
-def _strings(value: Any):
-    # Dict keys (domain and question names, field names) are never emitted, so only values are walked.
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
 
 
 def generate_domain(domain: str, split: str, n: int, seed: int = 0, cue_rate: Optional[float] = None,
