@@ -55,6 +55,11 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
     md = open(os.path.join(out, "results.md")).read()
     assert "Model selection `id_val`" in md and "Oracle selection" in md and "Paired differences" in md
     assert "- anchor (--model.anchor_coef ∈ {0, 3}): seed 0:" in md
+    # the cost table: a fit's seconds against naive's; the evaluating method fits nothing; the sweep's stages
+    from benchmarks.baseline_costs import cost_table
+
+    costs = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in cost_table(out).splitlines()[2:]}
+    assert costs["naive"][2] == "1.00×" and costs["wise"][1] == "– (no fit)" and costs["anchor"][3] == "2"
 
 
 def test_paired_differences_by_hand():
