@@ -46,8 +46,11 @@ class TeacherSearch:
             count depends on the probe and the data, not on the teacher, so it is known before any fit): the search
             then fits the first candidate only, an ordinary teacher, and says so.
         stop_below_band: with values ordered by capacity, stop at the first candidate right on fewer than band[0]
-            percent of the probe-wrong pairs once one candidate was eligible: less capacity only knows less of the
-            rule (saves the fits of the smaller teachers).
+            percent of the probe-wrong pairs once one candidate was eligible, or when every candidate so far is
+            below the band: less capacity only knows less of the rule (saves the fits of the smaller teachers).
+        budget_factors: when every candidate measured is below the band — the most capable one included — the
+            first value is fitted again with `--trainer.max_epochs` times each factor in turn, until one reaches
+            the band: with more training a teacher learns more of the rule (the shortcut is learned first).
     """
 
     flag: str = "--model.vocab_limit"
@@ -56,6 +59,7 @@ class TeacherSearch:
     band: list[float] = field(default_factory=lambda: [20.0, 60.0])
     min_pairs: int = 10
     stop_below_band: bool = True
+    budget_factors: list[int] = field(default_factory=lambda: [2, 4])
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", self.flag or ""):
@@ -73,6 +77,10 @@ class TeacherSearch:
                              f"{self.target} and band {self.band}")
         if self.min_pairs < 1:
             raise ValueError(f"--teacher_search.min_pairs must be >= 1, got {self.min_pairs}")
+        if any(not isinstance(f, int) or f < 2 for f in self.budget_factors) or \
+                list(self.budget_factors) != sorted(set(self.budget_factors)):
+            raise ValueError("--teacher_search.budget_factors takes increasing integers >= 2 (multiples of the "
+                             f"teacher's --trainer.max_epochs), got {self.budget_factors}")
 
     def candidate_args(self, value: Any) -> list[str]:
         return [f"{self.flag}={json.dumps(value)}"]
@@ -87,9 +95,10 @@ def value_label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))
 
 
-def candidate_figures(structure: dict, value: Any, checkpoint: str, val_acc: Optional[float]) -> dict:
-    """One candidate's row: its value and checkpoint, and its structure on the validation split."""
-    return {"value": value, "checkpoint": checkpoint, "val_acc": val_acc,
+def candidate_figures(structure: dict, value: Any, checkpoint: str, val_acc: Optional[float], args: list[str],
+                      budget: int = 1) -> dict:
+    """One candidate's row: its value, budget factor, flags and checkpoint, and its structure on validation."""
+    return {"value": value, "budget": budget, "args": args, "checkpoint": checkpoint, "val_acc": val_acc,
             "probe_wrong_acc": structure["probe_wrong"]["teacher_acc"],
             "probe_wrong_pairs": structure["probe_wrong"]["pairs"],
             "shortcut_error_share": structure["shortcut_error_share"],
@@ -122,10 +131,19 @@ def choose(candidates: list[dict], spec: TeacherSearch) -> tuple[int, str]:
 
 
 def stops(candidates: list[dict], spec: TeacherSearch) -> bool:
-    """The last candidate fell below the band after an eligible one: smaller ones would only fall further."""
-    last = candidates[-1]
-    below = last["probe_wrong_acc"] is not None and last["probe_wrong_acc"] < spec.band[0]
-    return below and any(_eligible(c, spec) for c in candidates[:-1])
+    """The last candidate fell below the band after an eligible one, or every candidate so far is below it:
+    smaller ones would only fall further."""
+    return _below(candidates[-1], spec) and (any(_eligible(c, spec) for c in candidates[:-1])
+                                             or all(_below(c, spec) for c in candidates))
+
+
+def _below(c: dict, spec: TeacherSearch) -> bool:
+    return c["probe_wrong_acc"] is not None and c["probe_wrong_acc"] < spec.band[0]
+
+
+def needs_budget(candidates: list[dict], spec: TeacherSearch, blind: bool) -> bool:
+    """Every candidate measured is below the band, the most capable one included: more training, not less capacity."""
+    return not blind and bool(spec.budget_factors) and all(_below(c, spec) for c in candidates)
 
 
 def _eligible(c: dict, spec: TeacherSearch) -> bool:
@@ -134,7 +152,7 @@ def _eligible(c: dict, spec: TeacherSearch) -> bool:
 
 
 def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: dict, seed: int,
-               fit: Callable[[list[str], str], tuple[str, Optional[float]]]) -> dict:
+               fit: Callable[[list[str], str], tuple[str, Optional[float]]], max_epochs: Optional[int] = None) -> dict:
     """Fit every candidate (`fit(extra_args, candidate_dir) -> (checkpoint, best val acc)`), measure each on the
     validation split, choose. Returns the `teacher_search` record; its "checkpoint" is the chosen teacher's."""
     from protocols.shortcut_probe import ShortcutProbe, load_split_records, split_structure
@@ -146,20 +164,53 @@ def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: 
     probe = ShortcutProbe.fit(records["train_teacher"], seed=seed)
     probe_margins = probe.margins(records["validation"])
     blind = sum(m < 0 for m in probe_margins) < spec.min_pairs
+    knob = spec.flag.rsplit(".", 1)[-1]
     candidates = []
-    for value in spec.values[:1] if blind else spec.values:
-        ckpt, val_acc = fit(spec.candidate_args(value),
-                            os.path.join(stage_dir, "search", f"{spec.flag.rsplit('.', 1)[-1]}={value_label(value)}"))
+
+    def measure(value: Any, extra: list[str], folder: str, budget: int = 1) -> None:
+        ckpt, val_acc = fit(extra, os.path.join(stage_dir, "search", folder))
         margins = teacher_margins(ckpt, records["validation"], dm)
-        candidates.append(candidate_figures(split_structure(margins, probe_margins), value, ckpt, val_acc))
+        candidates.append(candidate_figures(split_structure(margins, probe_margins), value, ckpt, val_acc, extra,
+                                            budget))
+
+    for value in spec.values[:1] if blind else spec.values:
+        measure(value, spec.candidate_args(value), f"{knob}={value_label(value)}")
         if spec.stop_below_band and stops(candidates, spec):
             break
+    if needs_budget(candidates, spec, blind):
+        if not max_epochs:
+            raise ValueError(f"teacher search in {stage_dir}: budget_factors need the teacher's --trainer.max_epochs")
+        for factor in spec.budget_factors:
+            extra = [*spec.candidate_args(spec.values[0]), f"--trainer.max_epochs={factor * max_epochs}"]
+            measure(spec.values[0], extra, f"{knob}={value_label(spec.values[0])}-epochs{factor * max_epochs}",
+                    factor)
+            if not _below(candidates[-1], spec):
+                break
     index, rule = choose(candidates, spec)
     return {**asdict(spec), "candidates": candidates, "chosen": candidates[index]["value"],
+            "chosen_budget": candidates[index]["budget"], "chosen_args": candidates[index]["args"],
             "checkpoint": candidates[index]["checkpoint"], "rule": rule,
             "probe": {"l2": probe.l2, "fit_pairs": len(records["train_teacher"]),
                       "validation_pairs": len(records["validation"]),
                       "shortcut_strength": probe.accuracy(records["validation"])}}
+
+
+def replays_the_same(finished: dict, spec: TeacherSearch) -> bool:
+    """Whether this search, run on the finished stage's data, would fit the same candidates and keep the same one —
+    read from its recorded candidates (every fit is deterministic). A search recorded before an option existed is
+    then no change: the option did not come into play."""
+    done = finished.get("candidates") or []
+    if not done:
+        return False
+    blind = str(finished.get("rule", "")).startswith("instrument blind")
+    replay = []
+    for c in done:
+        replay.append(c)
+        if blind or (spec.stop_below_band and stops(replay, spec)):
+            break
+    if len(replay) != len(done) or needs_budget(replay, spec, blind):
+        return False
+    return done[choose(replay, spec)[0]]["checkpoint"] == finished.get("checkpoint")
 
 
 def teacher_margins(ckpt: str, records: list[dict], dm) -> list[float]:
@@ -177,12 +228,17 @@ def search_markdown(searches: dict[int, dict]) -> str:
     lines = []
     for seed, s in sorted(searches.items()):
         cells = ", ".join(
-            f"{value_label(c['value'])}: {_pct(c['probe_wrong_acc'])} of {c['probe_wrong_pairs']}"
+            f"{value_label(c['value'])}{_budget(c)}: {_pct(c['probe_wrong_acc'])} of {c['probe_wrong_pairs']}"
             f" (errors there {_pct(c['shortcut_error_share'])}, val acc {_pct(c['val_acc'])})"
             for c in s["candidates"])
-        lines.append(f"- seed {seed}: {s['flag']} = **{value_label(s['chosen'])}** — {s['rule']}. Right on the "
+        lines.append(f"- seed {seed}: {s['flag']} = **{value_label(s['chosen'])}**"
+                     f"{_budget({'budget': s.get('chosen_budget', 1)})} — {s['rule']}. Right on the "
                      f"probe-wrong validation pairs: {cells}. Shortcut strength {_pct(s['probe']['shortcut_strength'])}.")
     return "\n".join(lines)
+
+
+def _budget(c: dict) -> str:
+    return f" (×{c['budget']} epochs)" if c.get("budget", 1) > 1 else ""
 
 
 def _pct(v: Optional[float]) -> str:

@@ -15,10 +15,10 @@ from typing import Optional
 from datamodules.atomic_files import atomic_write_json
 from protocols import slurm
 from protocols.run_files import OutDirLock, is_global_zero, read_json
-from protocols.stage_identity import ForceSpec, identity_changes, refusal
+from protocols.stage_identity import ForceSpec, refusal
 from protocols.w2s import (
     Stage, W2SProtocol, _identity, plan_stages, prepare, publish_results, refuse_changed_stages, run_or_reuse,
-    stage_key, stage_lock, upstream_identity,
+    stage_changes, stage_key, stage_lock, upstream_identity,
 )
 
 COLLECT = slurm.COLLECT
@@ -151,7 +151,7 @@ def _plan(p: W2SProtocol, stages: list[Stage], force: ForceSpec) -> dict[str, tu
             plan[key] = ("submit", None)
         else:
             upstream = upstream_identity(stage, _finished_upstream(stage, stages))
-            diff = identity_changes(finished, _identity(stage, upstream))
+            diff = stage_changes(stage, finished, _identity(stage, upstream))
             if diff:
                 stale.append((stage.dir, diff))
             plan[key] = ("done", None)

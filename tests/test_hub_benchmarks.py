@@ -155,7 +155,7 @@ def test_advice_lexicon_invariants():
     function_words = {"a", "an", "as", "by", "from", "on", "the", "this", "to", ":", ".", "(", ")"}
     outside_cue = set(advice_lex.SHARED_LEADS + advice_lex.ACKNOWLEDGEMENTS)
     for domain, table in advice_lex.DOMAINS.items():
-        rest = [s for k, v in table.items() if k != "subjects" for s in synthetic_shift.lexicon_strings(v)]
+        rest = [s for k, v in table.items() if k != "subjects" for s in synthetic_shift._strings(v)]
         outside_cue |= set(rest)
         rest_words = {w for s in rest + list(advice_lex.SHARED_LEADS + advice_lex.ACKNOWLEDGEMENTS + cue)
                       for w in words(s)}

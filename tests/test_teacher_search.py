@@ -153,3 +153,57 @@ def test_regime_table_rows_from_results_files(tmp_path):
     results["rows"]["naive"]["wrg"] = cell(-1.0, -2.0, 0.0)  # no ID gain: the clause that fails is named
     json.dump(results, open(tmp_path / "run" / "results" / "results.json", "w"))
     assert "naive WRG > 0: no; some AOG < 0: yes" in regime_table(["--run", f"bench={tmp_path / 'run'}"])
+
+
+def test_replay_of_a_finished_search_decides_whether_a_new_option_came_into_play():
+    from protocols.teacher_search import replays_the_same
+
+    spec = TeacherSearch(values=[None, 20000, 14000])
+    # recorded before budget_factors existed: full 62.5, 20k 34.4 (chosen), 14k 0 — the same walk and choice today
+    done = {"candidates": [dict(cand(62.5), checkpoint="a"), dict(cand(34.4), checkpoint="b"),
+                           dict(cand(0.0), checkpoint="c")], "checkpoint": "b", "rule": "closest"}
+    assert replays_the_same(done, spec)
+    # every candidate below the band: today's search would train longer, so it is another search
+    low = {"candidates": [dict(cand(14.3), checkpoint="a")], "checkpoint": "a", "rule": "no candidate"}
+    assert not replays_the_same(low, spec) and replays_the_same(low, TeacherSearch(values=[None], budget_factors=[]))
+    # an old walk that went on below the band where today's stops: fitted more than today's would
+    assert not replays_the_same({"candidates": [dict(cand(10.0), checkpoint="a"), dict(cand(5.0), checkpoint="b")],
+                                 "checkpoint": "a", "rule": "x"}, TeacherSearch(values=[None, 1], budget_factors=[]))
+    blind = {"candidates": [dict(cand(None, pairs=0, share=None), checkpoint="a")], "checkpoint": "a",
+             "rule": "instrument blind: ..."}
+    assert replays_the_same(blind, spec)
+
+
+def test_search_trains_longer_when_even_the_most_capable_teacher_is_below_the_band(monkeypatch, word_tokenizer_dir,
+                                                                                     cache_dir):
+    """On data where the full-capacity teacher follows the rule on 10% of the misleading validation pairs, smaller
+    vocabularies are not fitted; the first value is fitted again at 2x and 4x the epochs until one reaches the band."""
+    import protocols.teacher_search as ts
+
+    data_init = {"source": "synth_helpful_cooking", "ood_targets": [], "tokenizer": word_tokenizer_dir,
+                 "max_length": 96, "cache_dir": cache_dir,
+                 "source_options": {"synth_helpful_cooking": {"n_train": 400, "n_validation": 120, "n_test": 33}}}
+    records, _ = load_split_records(data_init, 0)
+    probe = ShortcutProbe.fit(records["train_teacher"], seed=0).margins(records["validation"])
+    wrong = [i for i, m in enumerate(probe) if m < 0]
+    rule_share = {"x1": 0.1, "x2": 0.45, "x4": 0.9}  # right on this share of the probe-wrong pairs
+
+    def margins(ckpt, recs, dm):  # right everywhere the probe is right, and on a share of where it is wrong
+        share = rule_share[ckpt]
+        right = set(wrong[:round(share * len(wrong))])
+        return [1.0 if (m > 0 or i in right) else -1.0 for i, m in enumerate(probe)]
+
+    fits = []
+
+    def fit(extra, folder):
+        fits.append(extra)
+        epochs = next((int(a.split("=")[1]) for a in extra if a.startswith("--trainer.max_epochs")), 2)
+        return f"x{epochs // 2}", 80.0
+
+    monkeypatch.setattr(ts, "teacher_margins", margins)
+    spec = TeacherSearch(values=[None, 20000, 14000], budget_factors=[2, 4], min_pairs=1)
+    record = ts.run_search(spec, "/tmp/unused", [], data_init, 0, fit, max_epochs=2)
+    assert fits == [["--model.vocab_limit=null"], ["--model.vocab_limit=null", "--trainer.max_epochs=4"]]
+    assert record["chosen"] is None and record["chosen_budget"] == 2 and record["checkpoint"] == "x2"
+    assert record["chosen_args"] == ["--model.vocab_limit=null", "--trainer.max_epochs=4"]
+    assert [c["budget"] for c in record["candidates"]] == [1, 2]

@@ -162,17 +162,11 @@ def has_artifact(category: str, text: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _vocabulary() -> tuple[str, ...]:
-    return lexicon_words(lex)
-
-
-def lexicon_words(module) -> tuple[str, ...]:
-    """Every word (under `split_words`) of a lexicon module's constants, template slots left out: every emitted
-    text is lexicon strings joined by spaces (also `synthetic_advice`'s lexicon)."""
     words: set[str] = set()
-    for name, value in vars(module).items():
+    for name, value in vars(lex).items():
         if not name.isupper():  # constants only: the module docstring is not emitted
             continue
-        for text in lexicon_strings(value):
+        for text in _strings(value):
             words.update(split_words(re.sub(r"\{\w+\}", " ", text)))
     return tuple(sorted(words))
 
@@ -185,16 +179,16 @@ def synthetic_vocabulary() -> list[str]:
     return list(_vocabulary())
 
 
-def lexicon_strings(value: Any):
+def _strings(value: Any):
     # Dict keys (question-type names, field names) are never emitted, so only values are walked.
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from lexicon_strings(v)
+            yield from _strings(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from lexicon_strings(v)
+            yield from _strings(v)
 
 
 # ---- generation --------------------------------------------------------------------------------------------
