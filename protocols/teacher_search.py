@@ -49,8 +49,9 @@ class TeacherSearch:
             percent of the probe-wrong pairs once one candidate was eligible, or when every candidate so far is
             below the band: less capacity only knows less of the rule (saves the fits of the smaller teachers).
         budget_factors: when every candidate measured is below the band — the most capable one included — the
-            first value is fitted again with `--trainer.max_epochs` times each factor in turn, until one reaches
-            the band: with more training a teacher learns more of the rule (the shortcut is learned first).
+            values are walked down again with `--trainer.max_epochs` times the next factor (the same stop rule),
+            until a walk finds a candidate that is not below the band: with more training a teacher learns more of
+            the rule (the shortcut is learned first).
     """
 
     flag: str = "--model.vocab_limit"
@@ -143,7 +144,7 @@ def _below(c: dict, spec: TeacherSearch) -> bool:
 
 def needs_budget(candidates: list[dict], spec: TeacherSearch, blind: bool) -> bool:
     """Every candidate measured is below the band, the most capable one included: more training, not less capacity."""
-    return not blind and bool(spec.budget_factors) and all(_below(c, spec) for c in candidates)
+    return not blind and bool(spec.budget_factors) and bool(candidates) and all(_below(c, spec) for c in candidates)
 
 
 def _eligible(c: dict, spec: TeacherSearch) -> bool:
@@ -173,18 +174,18 @@ def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: 
         candidates.append(candidate_figures(split_structure(margins, probe_margins), value, ckpt, val_acc, extra,
                                             budget))
 
-    for value in spec.values[:1] if blind else spec.values:
-        measure(value, spec.candidate_args(value), f"{knob}={value_label(value)}")
-        if spec.stop_below_band and stops(candidates, spec):
+    for budget in [1, *spec.budget_factors]:  # the vocabulary walked down at one budget, a longer one if all fell below
+        if budget > 1 and not needs_budget(candidates, spec, blind):
             break
-    if needs_budget(candidates, spec, blind):
-        if not max_epochs:
+        if budget > 1 and not max_epochs:
             raise ValueError(f"teacher search in {stage_dir}: budget_factors need the teacher's --trainer.max_epochs")
-        for factor in spec.budget_factors:
-            extra = [*spec.candidate_args(spec.values[0]), f"--trainer.max_epochs={factor * max_epochs}"]
-            measure(spec.values[0], extra, f"{knob}={value_label(spec.values[0])}-epochs{factor * max_epochs}",
-                    factor)
-            if not _below(candidates[-1], spec):
+        level: list[dict] = []
+        for value in spec.values[:1] if blind else spec.values:
+            extra = spec.candidate_args(value) + ([f"--trainer.max_epochs={budget * max_epochs}"] if budget > 1 else [])
+            measure(value, extra, f"{knob}={value_label(value)}" + (f"-epochs{budget * max_epochs}" if budget > 1
+                                                                     else ""), budget)
+            level.append(candidates[-1])
+            if spec.stop_below_band and stops(level, spec):
                 break
     index, rule = choose(candidates, spec)
     return {**asdict(spec), "candidates": candidates, "chosen": candidates[index]["value"],

@@ -177,7 +177,7 @@ def test_replay_of_a_finished_search_decides_whether_a_new_option_came_into_play
 def test_search_trains_longer_when_even_the_most_capable_teacher_is_below_the_band(monkeypatch, word_tokenizer_dir,
                                                                                      cache_dir):
     """On data where the full-capacity teacher follows the rule on 10% of the misleading validation pairs, smaller
-    vocabularies are not fitted; the first value is fitted again at 2x and 4x the epochs until one reaches the band."""
+    vocabularies are not fitted; the vocabulary is walked down again at 2x the epochs, with the same rules."""
     import protocols.teacher_search as ts
 
     data_init = {"source": "synth_helpful_cooking", "ood_targets": [], "tokenizer": word_tokenizer_dir,
@@ -186,24 +186,27 @@ def test_search_trains_longer_when_even_the_most_capable_teacher_is_below_the_ba
     records, _ = load_split_records(data_init, 0)
     probe = ShortcutProbe.fit(records["train_teacher"], seed=0).margins(records["validation"])
     wrong = [i for i, m in enumerate(probe) if m < 0]
-    rule_share = {"x1": 0.1, "x2": 0.45, "x4": 0.9}  # right on this share of the probe-wrong pairs
+    # right on this share of the probe-wrong pairs, per (vocabulary, epochs)
+    rule_share = {"null@2": 0.1, "null@4": 0.75, "20000@4": 0.35, "14000@4": 0.1}
 
     def margins(ckpt, recs, dm):  # right everywhere the probe is right, and on a share of where it is wrong
-        share = rule_share[ckpt]
-        right = set(wrong[:round(share * len(wrong))])
+        right = set(wrong[:round(rule_share[ckpt] * len(wrong))])
         return [1.0 if (m > 0 or i in right) else -1.0 for i, m in enumerate(probe)]
 
     fits = []
 
     def fit(extra, folder):
         fits.append(extra)
-        epochs = next((int(a.split("=")[1]) for a in extra if a.startswith("--trainer.max_epochs")), 2)
-        return f"x{epochs // 2}", 80.0
+        vocab = extra[0].split("=")[1]
+        epochs = next((a.split("=")[1] for a in extra if a.startswith("--trainer.max_epochs")), "2")
+        return f"{vocab}@{epochs}", 80.0
 
     monkeypatch.setattr(ts, "teacher_margins", margins)
-    spec = TeacherSearch(values=[None, 20000, 14000], budget_factors=[2, 4], min_pairs=1)
+    spec = TeacherSearch(values=[None, 20000, 14000, 10000], budget_factors=[2, 4], min_pairs=1)
     record = ts.run_search(spec, "/tmp/unused", [], data_init, 0, fit, max_epochs=2)
-    assert fits == [["--model.vocab_limit=null"], ["--model.vocab_limit=null", "--trainer.max_epochs=4"]]
-    assert record["chosen"] is None and record["chosen_budget"] == 2 and record["checkpoint"] == "x2"
-    assert record["chosen_args"] == ["--model.vocab_limit=null", "--trainer.max_epochs=4"]
-    assert [c["budget"] for c in record["candidates"]] == [1, 2]
+    assert fits == [["--model.vocab_limit=null"], ["--model.vocab_limit=null", "--trainer.max_epochs=4"],
+                    ["--model.vocab_limit=20000", "--trainer.max_epochs=4"],
+                    ["--model.vocab_limit=14000", "--trainer.max_epochs=4"]]
+    assert record["chosen"] == 20000 and record["chosen_budget"] == 2 and record["checkpoint"] == "20000@4"
+    assert record["chosen_args"] == ["--model.vocab_limit=20000", "--trainer.max_epochs=4"]
+    assert [c["budget"] for c in record["candidates"]] == [1, 2, 2, 2]
