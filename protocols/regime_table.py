@@ -16,6 +16,7 @@ import os
 import statistics
 from typing import Optional
 
+from protocols.teacher_search import value_label
 from protocols.w2s_report import ci95
 
 
@@ -57,7 +58,8 @@ def regime_row(name: str, results: dict) -> dict:
     src, targets = results["id_source"], results["targets"]
     searches = results.get("teacher_search") or {}
     structures = results.get("teacher_structure") or {}
-    chosen = ", ".join(str(searches[s]["chosen"] if searches[s]["chosen"] is not None else "full")
+    chosen = ", ".join(value_label(searches[s]["chosen"]) + (f" ×{searches[s]['chosen_budget']} epochs"
+                                                             if searches[s].get("chosen_budget", 1) > 1 else "")
                        for s in sorted(searches, key=int)) or "–"
     student = [structures[s]["structure"].get("train_student") for s in sorted(structures, key=int)]
     rule_there = [s["probe_wrong"]["teacher_acc"] for s in student if s]
