@@ -149,10 +149,11 @@ def test_regime_table_rows_from_results_files(tmp_path):
     # t(2) = 4.303; WRG 2.0 ± 1.0 → half width 4.303 / sqrt(3) = 2.484; worst AOG is b: −4.0 ± 1.0
     assert row[2:7] == ["20000, full, 20000", "84.0 ± 0.0", "35.0 ± 5.0", "85.0 ± 5.0 / 14.0 ± 0.0", "86.0 ± 1.0"]
     assert row[7] == "+2.0 [-0.5, +4.5]" and row[8] == "-4.0 [-6.5, -1.5] (b)"
-    assert row[9:11] == ["+1.0 ± 1.0", "+6.0 ± 1.0"] and "amplifies the shortcut" in row[11]
+    assert row[9:11] == ["+1.0 ± 1.0", "+6.0 ± 1.0"] and row[11].startswith("amplifies the shortcut")
     results["rows"]["naive"]["wrg"] = cell(-1.0, -2.0, 0.0)  # no ID gain: the clause that fails is named
     json.dump(results, open(tmp_path / "run" / "results" / "results.json", "w"))
-    assert "naive WRG > 0: no; some AOG < 0: yes" in regime_table(["--run", f"bench={tmp_path / 'run'}"])
+    text = regime_table(["--run", f"bench={tmp_path / 'run'}"])
+    assert "naive WRG > 0: no; some AOG < 0: yes (interval excludes 0)" in text
 
 
 def test_replay_of_a_finished_search_decides_whether_a_new_option_came_into_play():
