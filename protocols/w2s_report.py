@@ -140,7 +140,7 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
         interval_table(table, targets) if len(p.seeds) > 1 else "", paired_markdown(pairs, reference),
         teacher_structure_markdown(structures),
         oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
-        teacher_label_table(teacher_labels), correlation_line(correlation), cost_line(p, stages_raw)) if part)
+        teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
             "selection": {"rule": "id_val", "swept": selection}, "oracle_rows": oracle, "paired": pairs,
@@ -165,18 +165,6 @@ def method_seconds(p, stages_raw: dict[str, dict[int, dict]]) -> dict[str, dict]
                        "fit_seconds_total": sum(fits), "eval_seconds_total": sum(evals),
                        "seeds": len({seed for name, _ in stages for seed in stages_raw.get(name, {})})}
     return out
-
-
-def cost_line(p, stages_raw: dict[str, dict[int, dict]]) -> str:
-    costs = method_seconds(p, stages_raw)
-    if not costs:
-        return ""
-    cells = []
-    for method, c in costs.items():
-        per_seed = (c["fit_seconds_total"] + c["eval_seconds_total"]) / max(c["seeds"], 1)
-        cells.append(f"{method} {per_seed:.0f} s" + (f" ({c['stages'] // max(c['seeds'], 1)} stages)"
-                                                       if c["stages"] > c["seeds"] else ""))
-    return "Wall time per seed (fits, or evaluations for a method that only evaluates): " + ", ".join(cells) + "."
 
 
 WHAT_TO_LOOK_FOR = ("What to look for: the paper's failure is a weak-label student with WRG > 0 (it beats its teacher "
