@@ -18,7 +18,7 @@ import statistics
 from typing import Optional
 
 from protocols.teacher_search import value_label
-from protocols.w2s_report import ci95
+from protocols.w2s_report import ci95, mean_std
 
 
 def load(out_dir: str) -> dict:
@@ -32,10 +32,12 @@ def load(out_dir: str) -> dict:
 
 
 def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    """`w2s_report.mean_std` over the values a run has (None left out); (None, None) when it has none."""
     values = [v for v in values if v is not None]
     if not values:
         return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+    mean, std, _ = mean_std(values)
+    return mean, std
 
 
 def _cell(values: list[float], interval: bool = False, signed: bool = False) -> str:
