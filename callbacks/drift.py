@@ -272,9 +272,14 @@ class DriftDiagnosticsCallback(Callback):
         return model(**inputs, output_hidden_states=True).hidden_states
 
     # ---- results -------------------------------------------------------------------------------------------
-    def summary(self) -> dict:
-        """The final drift, and its mean over the OOD splits: {"id" | "ood_mean": metric -> layer<k> -> value}."""
-        final = self.final_drift
+    def summary(self, step: Optional[int] = None) -> dict:
+        """The final drift (or the one measured at global `step`: a kept checkpoint that is not the final weights,
+        e.g. early stopping's best; {} when no measurement was taken there), and its mean over the OOD splits:
+        {"id" | "ood_mean": metric -> layer<k> -> value}."""
+        if step is None:
+            final = self.final_drift
+        else:
+            final = next((h["drift"] for h in reversed(self.history) if h["step"] == step), {})
         ood = [s for s in final if s != self.id_split]
         out: dict[str, Any] = {}
         if self.id_split in final:

@@ -40,6 +40,11 @@ def rule_score(stage: dict, rule: str, targets: list[str], where: str) -> float:
     raise ValueError(f"unknown model-selection rule {rule!r}; the rules are {RULES}")
 
 
+def pick(scores: list[float]) -> int:
+    """The index a rule picks: the highest score, ties to the earlier value of the sweep."""
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
 def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
            ) -> tuple[dict[str, dict[int, dict]], dict[str, dict[int, Any]]]:
     """`raw` (stage name -> seed -> result) with each swept method's stages replaced by the one the rule picks per
@@ -58,7 +63,7 @@ def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
             ordered[method], picked[method] = {}, {}
             for seed in sorted(per_seed):
                 scores = [rule_score(raw[s][seed], rule, targets, f"{p.out_dir}/seed{seed}/{s}") for s, _ in stages]
-                best = max(range(len(stages)), key=lambda i: (scores[i], -i))
+                best = pick(scores)
                 ordered[method][seed] = raw[stages[best][0]][seed]
                 picked[method][seed] = stages[best][1]
     return ordered, picked

@@ -28,6 +28,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
+from protocols.w2s_report import percent
+
 VALUE_LABELS = {None: "full"}
 
 
@@ -190,7 +192,7 @@ def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: 
     index, rule = choose(candidates, spec)
     return {**asdict(spec), "candidates": candidates, "chosen": candidates[index]["value"],
             "chosen_budget": candidates[index]["budget"], "chosen_args": candidates[index]["args"],
-            "checkpoint": candidates[index]["checkpoint"], "rule": rule,
+            "checkpoint": candidates[index]["checkpoint"], "val_acc": candidates[index]["val_acc"], "rule": rule,
             "probe": {"l2": probe.l2, "fit_pairs": len(records["train_teacher"]),
                       "validation_pairs": len(records["validation"]),
                       "shortcut_strength": probe.accuracy(records["validation"])}}
@@ -229,18 +231,16 @@ def search_markdown(searches: dict[int, dict]) -> str:
     lines = []
     for seed, s in sorted(searches.items()):
         cells = ", ".join(
-            f"{value_label(c['value'])}{_budget(c)}: {_pct(c['probe_wrong_acc'])} of {c['probe_wrong_pairs']}"
-            f" (errors there {_pct(c['shortcut_error_share'])}, val acc {_pct(c['val_acc'])})"
+            f"{value_label(c['value'])}{_budget(c)}: {percent(c['probe_wrong_acc'], '%')} of {c['probe_wrong_pairs']}"
+            f" (errors there {percent(c['shortcut_error_share'], '%')}, val acc {percent(c['val_acc'], '%')})"
             for c in s["candidates"])
         lines.append(f"- seed {seed}: {s['flag']} = **{value_label(s['chosen'])}**"
                      f"{_budget({'budget': s.get('chosen_budget', 1)})} — {s['rule']}. Right on the "
-                     f"probe-wrong validation pairs: {cells}. Shortcut strength {_pct(s['probe']['shortcut_strength'])}.")
+                     f"probe-wrong validation pairs: {cells}. Shortcut strength "
+                     f"{percent(s['probe']['shortcut_strength'], '%')}.")
     return "\n".join(lines)
 
 
 def _budget(c: dict) -> str:
     return f" (×{c['budget']} epochs)" if c.get("budget", 1) > 1 else ""
 
-
-def _pct(v: Optional[float]) -> str:
-    return "–" if v is None else f"{v:.1f}%"

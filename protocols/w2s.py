@@ -66,8 +66,10 @@ class Method:
         sweep: one hyperparameter the method sweeps, {"--model.<flag>": [values]}: one stage per value
             (`<name>@<flag>=<value>`), and one row, the value chosen per seed by the protocol's model-selection
             rule (`protocols.model_selection`: `id_val`, and `oracle_target` reported beside it as an upper bound).
-        from_method: evaluate that (earlier, unswept) method's checkpoints instead of fitting: `cli.py validate` +
-            `cli.py test` with this method's arguments (WiSE-FT: `--model.wise_ft_alpha`). Costs evaluations only.
+        from_method: evaluate an earlier method's checkpoints instead of fitting: `cli.py validate` + `cli.py test`
+            with this method's arguments (WiSE-FT: `--model.wise_ft_alpha`). Costs evaluations only. A swept source
+            gives, per seed, its `id_val` pick (WiSE-FT of the selected ANCHOR student); the result names the stage
+            it evaluated (`evaluated`).
         checkpoint: "best" or "last", overriding the protocol's `student_checkpoint` for this method: "best" with
             frequent validation is early stopping on the ID validation split.
     """
@@ -196,9 +198,9 @@ class W2SProtocol:
             if method.from_method is not None:
                 earlier = {m.name: m for m in self.methods[:i]}
                 source = earlier.get(method.from_method)
-                if source is None or source.sweep or source.from_method:
+                if source is None or source.from_method:
                     raise ValueError(f"method {method.name!r}: from_method {method.from_method!r} must name an "
-                                     "earlier method that fits one checkpoint per seed (no sweep, no from_method)")
+                                     "earlier method that fits its checkpoints (not one that evaluates another's)")
         for flag in ("teacher_checkpoint", "student_checkpoint"):
             if getattr(self, flag) not in ("best", "last"):
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
@@ -317,14 +319,16 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                     "--model.objective=lightning_modules.reward.objectives.GoldBradleyTerry"]
             stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
                                 p.student_checkpoint, ("teacher",)))
+        by_name = {m.name: m for m in p.methods}
         for m in p.methods:
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
+            if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
+                upstream += tuple(name for name, _, _ in by_name[m.from_method].variants())
             for name, value, extra in m.variants():
                 role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
                 stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + m.cli_args() + extra,
                                     PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
-                                    upstream + ((m.from_method,) if m.from_method else ()), method=m.name,
-                                    value=value, evaluates=m.from_method))
+                                    upstream, method=m.name, value=value, evaluates=m.from_method))
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -344,8 +348,20 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
     if stage.evaluates:
-        args.append(f"--ckpt_path={done[stage.evaluates][stage.seed]['checkpoint']}")
+        args.append(f"--ckpt_path={done[evaluated_stage(stage, done)][stage.seed]['checkpoint']}")
     return args
+
+
+def evaluated_stage(stage: Stage, done: dict[str, dict[int, dict]]) -> str:
+    """The stage whose checkpoint an evaluating stage reads: its source method's, or a swept source's `id_val` pick
+    in this seed (the same rule, and tie-break, as the source's own row)."""
+    from protocols.model_selection import pick, rule_score
+
+    if stage.evaluates in stage.upstream:
+        return stage.evaluates
+    names = [u for u in stage.upstream if u.startswith(f"{stage.evaluates}@")]
+    return names[pick([rule_score(done[n][stage.seed], "id_val", [], f"{os.path.dirname(stage.dir)}/{n}")
+                       for n in names])]
 
 
 def ceiling_results_path(stage: Stage) -> str:
@@ -454,8 +470,11 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
     if forced:
         forced_runs.add((stage.name, stage.seed))
     on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
-    run = run_test_stage if stage.pretrained or stage.evaluates else run_stage
-    result = run(stage, stage.args + upstream_args(stage, done), identity)
+    args = stage.args + upstream_args(stage, done)
+    if stage.pretrained or stage.evaluates:
+        result = run_test_stage(stage, args, identity, evaluated_stage(stage, done) if stage.evaluates else None)
+    else:
+        result = run_stage(stage, args, identity)
     if stage.name == "ceiling":  # the methods' --model.ceiling_results
         on_rank_zero(f"write the ceiling results of {stage.dir}", atomic_write_json,
                      {k: v for k, v in result["test"].items() if k != "transfer"}, ceiling_results_path(stage))
@@ -539,14 +558,15 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         extra["teacher_search"] = run_search(stage.search, stage.dir, args, data_init, stage.seed, candidate,
                                              max_epochs)
         ckpt = extra["teacher_search"]["checkpoint"]
-        val_acc = next(c["val_acc"] for c in extra["teacher_search"]["candidates"] if c["checkpoint"] == ckpt)
+        val_acc = extra["teacher_search"]["val_acc"]
         args = [*args, *extra["teacher_search"]["chosen_args"]]
         extra["teacher_structure"] = measure(ckpt, data_init, stage.seed)  # the chosen one: report only
         drift = teacher_labels = None
     else:
         fit, ckpt, val_acc = fit_once([], stage.dir)
         drift_cb = _find_drift_callback(fit.trainer)
-        drift = drift_cb.summary() if drift_cb is not None else None  # {"id"|"ood_mean": measure -> layer<k> -> …}
+        # the kept checkpoint's drift ({"id"|"ood_mean": measure -> layer<k> -> …}), not the final weights'
+        drift = drift_cb.summary(step=checkpoint_step(ckpt)) if drift_cb is not None else None
         teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
         del fit
     fit_seconds = time.time() - start
@@ -563,11 +583,11 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     return result
 
 
-def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
+def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Optional[str] = None) -> dict:
     """A stage that fits nothing: an outside model's (`cli.py test` only; "checkpoint" is the model itself,
     `hf_classifier:...`, which the students' `--data.teacher_checkpoint` then takes), or one that evaluates another
     stage's checkpoint (`evaluates`, `--ckpt_path` among `args`: `cli.py validate`, for model selection, then
-    `cli.py test`). Its result has a fitted stage's keys."""
+    `cli.py test`; `evaluated`: that stage's name). Its result has a fitted stage's keys."""
     from cli import main
 
     commands, val_acc = [], None
@@ -586,6 +606,8 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     result = {"test": test.model.test_results, "checkpoint": checkpoint, "fit_seconds": 0.0,
               "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "identity": identity, "run": run,
               "args": args, "pretrained": stage.pretrained}
+    if evaluated:
+        result["evaluated"] = evaluated
     on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
 
@@ -609,6 +631,13 @@ def _selected_checkpoint(trainer, stage: Stage, folder: Optional[str] = None) ->
     trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes it whole (AtomicCheckpointIO)
     trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
     return path
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step a checkpoint was saved at (memory-mapped: the weights are not read)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
 
 
 def _find_drift_callback(trainer) -> Any:

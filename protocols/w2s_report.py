@@ -221,15 +221,16 @@ def teacher_structure_markdown(structures: dict[int, dict]) -> str:
                   "| probe-wrong share of pairs |", "|---|---|---|---|---|---|"]
         for seed, m in sorted(structures.items()):
             for split, st in m["structure"].items():
-                lines.append(f"| {seed} | {split} | {_pct(st['teacher_acc'])} | "
-                             f"{_pct(st['probe_wrong']['teacher_acc'])} ({st['probe_wrong']['pairs']}) | "
-                             f"{_pct(st['shortcut_error_share'])} ({st['shortcut_errors']}/{st['teacher_errors']}) | "
-                             f"{_pct(st['probe_wrong_share'])} |")
+                lines.append(f"| {seed} | {split} | {percent(st['teacher_acc'])} | "
+                             f"{percent(st['probe_wrong']['teacher_acc'])} ({st['probe_wrong']['pairs']}) | "
+                             f"{percent(st['shortcut_error_share'])} ({st['shortcut_errors']}/{st['teacher_errors']}) | "
+                             f"{percent(st['probe_wrong_share'])} |")
     return "\n".join(lines)
 
 
-def _pct(v: Optional[float]) -> str:
-    return "–" if v is None else f"{v:.1f}"
+def percent(v: Optional[float], unit: str = "") -> str:
+    """A percentage to one decimal ("–" when unmeasured)."""
+    return "–" if v is None else f"{v:.1f}{unit}"
 
 
 def teacher_label_structure(raw: dict[str, dict[int, dict]]) -> dict[int, dict]:

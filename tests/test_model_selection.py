@@ -22,11 +22,13 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
     methods = [{"name": "naive", "objective": "naive"},
                # WiSE-FT evaluates naive's checkpoint: at α = 1 exactly naive's scores
                {"name": "wise", "from_method": "naive", "sweep": {"--model.wise_ft_alpha": [0.5, 1.0]}},
-               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [0.0, 3.0]}}]
+               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [0.0, 3.0]}},
+               # evaluating a swept method: its id_val pick per seed (α = 1: that stage's own scores)
+               {"name": "anchor_wise", "from_method": "anchor", "args": ["--model.wise_ft_alpha=1.0"]}]
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods)
     results = run_protocol(["--config", _write(tmp_path, cfg)])
     out = cfg["out_dir"]
-    assert list(results["rows"]) == ["teacher", "naive", "wise", "anchor"]
+    assert list(results["rows"]) == ["teacher", "naive", "wise", "anchor", "anchor_wise"]
     variants = {v: f"anchor@anchor_coef={v}" for v in (0.0, 3.0)}
     assert all(os.path.isdir(os.path.join(out, "seed0", name)) for name in variants.values())
     record = results["selection"]["swept"]["anchor"]
@@ -45,6 +47,10 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
         assert again["fit_seconds"] == 0.0 and again["checkpoint"] == naive["checkpoint"]
         assert again["val_acc"] == pytest.approx(naive["val_acc"], abs=1e-6)
         assert again["test"][SRC]["acc"] == pytest.approx(naive["test"][SRC]["acc"])
+        composed = _result(out, seed, "anchor_wise")
+        assert composed["evaluated"] == variants[best] and composed["checkpoint"] == stage[best]["checkpoint"]
+        assert composed["val_acc"] == pytest.approx(stage[best]["val_acc"], abs=1e-6)
+        assert composed["test"][SRC]["acc"] == pytest.approx(stage[best]["test"][SRC]["acc"])
     # paired: NTS(anchor) − NTS(X) per seed, from the rows
     rows = results["rows"]
     for method in ("naive", "wise"):
@@ -100,8 +106,37 @@ def test_bad_sweeps_are_refused(method, message):
         Method(**method)
 
 
-def test_from_method_must_name_an_earlier_unswept_method(tmp_path, word_tokenizer_dir, cache_dir):
-    methods = [{"name": "wise", "from_method": "naive"}, {"name": "naive"}]
+@pytest.mark.parametrize("methods", [
+    [{"name": "wise", "from_method": "naive"}, {"name": "naive"}],  # later
+    [{"name": "naive"}, {"name": "a", "from_method": "naive"}, {"name": "wise", "from_method": "a"}],  # evaluates
+])
+def test_from_method_must_name_an_earlier_fitted_method(tmp_path, word_tokenizer_dir, cache_dir, methods):
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods)
-    with pytest.raises(ValueError, match="from_method 'naive' must name an earlier method"):
+    source = next(m["from_method"] for m in methods if m["name"] == "wise")
+    with pytest.raises(ValueError, match=f"from_method '{source}' must name an earlier method"):
         run_protocol(["--config", _write(tmp_path, cfg)])
+
+
+def test_an_early_stopped_stage_reports_the_drift_of_the_checkpoint_it_keeps(tmp_path, word_tokenizer_dir, cache_dir):
+    """Drift belongs to the scored weights: a `best` checkpoint's row reads the measurement taken at its step, not
+    the final weights' (which a `last` stage of the same run reports)."""
+    from protocols.w2s import checkpoint_step
+
+    methods = [{"name": "naive", "objective": "naive"},
+               {"name": "early", "objective": "naive", "checkpoint": "best",
+                "args": ["--trainer.val_check_interval=0.25", "--trainer.max_epochs=2"]}]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods, drift=True)
+    run_protocol(["--config", _write(tmp_path, cfg)])
+    out = cfg["out_dir"]
+    result = _result(out, 0, "early")
+    with open(os.path.join(out, "seed0", "early", "fit", "drift.json")) as f:
+        drift_file = json.load(f)
+    history, id_split = drift_file["history"], drift_file["id_split"]
+    step = checkpoint_step(result["checkpoint"])
+    kept = next(h["drift"] for h in history if h["step"] == step)
+    targets = [s for s in kept if s != id_split]
+    for layer, value in result["drift"]["ood_mean"]["mse"].items():
+        assert value == pytest.approx(statistics.fmean(kept[t]["mse"][layer] for t in targets))
+    assert result["drift"]["id"] == kept[id_split]
+    # this run's best checkpoint is not its last weights (else the test shows nothing), and the final drift differs
+    assert step < history[-1]["step"] and history[-1]["drift"] != kept
