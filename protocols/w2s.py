@@ -201,6 +201,12 @@ class W2SProtocol:
                 if source is None or source.from_method:
                     raise ValueError(f"method {method.name!r}: from_method {method.from_method!r} must name an "
                                      "earlier method that fits its checkpoints (not one that evaluates another's)")
+                own = [k for k, default in (("objective", "SoftBradleyTerry"), ("objective_args", {}),
+                                            ("anchor_coef", 0.0), ("anchor_layers", [1.0]))
+                       if getattr(method, k) != default]
+                if own:  # the checkpoint's hyperparameters build the model: the source's options, not its own
+                    raise ValueError(f"method {method.name!r} evaluates {method.from_method!r}'s checkpoints, whose "
+                                     f"model options it takes: drop its own {own}")
         for flag in ("teacher_checkpoint", "student_checkpoint"):
             if getattr(self, flag) not in ("best", "last"):
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
@@ -274,7 +280,8 @@ class Stage:
     search: Optional[TeacherSearch] = None  # the teacher's fitted recipe: a fit per candidate, one kept
     method: Optional[str] = None  # the row a student stage belongs to (a swept method has one stage per value)
     value: Any = None  # its swept value
-    evaluates: Optional[str] = None  # a stage of the same seed whose checkpoint this one only evaluates
+    evaluates: Optional[str] = None  # a method of the same seed whose checkpoint this one only evaluates
+    source_args: dict = field(default_factory=dict)  # its stages' own arguments (a swept source: the value's flag)
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -322,13 +329,18 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
         by_name = {m.name: m for m in p.methods}
         for m in p.methods:
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
+            model_args, source_args = m.cli_args(), {}
             if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
-                upstream += tuple(name for name, _, _ in by_name[m.from_method].variants())
+                source = by_name[m.from_method]
+                source_args = {name: extra for name, _, extra in source.variants()}
+                upstream += tuple(source_args)
+                model_args = source.cli_args() + m.args  # what its checkpoints were fitted with (the CLI's guard)
             for name, value, extra in m.variants():
                 role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
-                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + m.cli_args() + extra,
+                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + model_args + extra,
                                     PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
-                                    upstream, method=m.name, value=value, evaluates=m.from_method))
+                                    upstream, method=m.name, value=value, evaluates=m.from_method,
+                                    source_args=source_args))
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -348,7 +360,8 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
     if stage.evaluates:
-        args.append(f"--ckpt_path={done[evaluated_stage(stage, done)][stage.seed]['checkpoint']}")
+        source = evaluated_stage(stage, done)
+        args += [*stage.source_args[source], f"--ckpt_path={done[source][stage.seed]['checkpoint']}"]
     return args
 
 

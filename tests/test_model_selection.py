@@ -22,14 +22,14 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
     methods = [{"name": "naive", "objective": "naive"},
                # WiSE-FT evaluates naive's checkpoint: at α = 1 exactly naive's scores
                {"name": "wise", "from_method": "naive", "sweep": {"--model.wise_ft_alpha": [0.5, 1.0]}},
-               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [0.0, 3.0]}},
+               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [1.0, 3.0]}},
                # evaluating a swept method: its id_val pick per seed (α = 1: that stage's own scores)
                {"name": "anchor_wise", "from_method": "anchor", "args": ["--model.wise_ft_alpha=1.0"]}]
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods)
     results = run_protocol(["--config", _write(tmp_path, cfg)])
     out = cfg["out_dir"]
     assert list(results["rows"]) == ["teacher", "naive", "wise", "anchor", "anchor_wise"]
-    variants = {v: f"anchor@anchor_coef={v}" for v in (0.0, 3.0)}
+    variants = {v: f"anchor@anchor_coef={v}" for v in (1.0, 3.0)}
     assert all(os.path.isdir(os.path.join(out, "seed0", name)) for name in variants.values())
     record = results["selection"]["swept"]["anchor"]
     for seed in (0, 1):
@@ -60,7 +60,7 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
         assert d["mean"] == pytest.approx(statistics.fmean(d["per_seed"].values()))
     md = open(os.path.join(out, "results.md")).read()
     assert "Model selection `id_val`" in md and "Oracle selection" in md and "Paired differences" in md
-    assert "- anchor (--model.anchor_coef ∈ {0, 3}): seed 0:" in md
+    assert "- anchor (--model.anchor_coef ∈ {1, 3}): seed 0:" in md
     # the cost table: a fit's seconds against naive's; the evaluating method fits nothing; the sweep's stages
     from benchmarks.baseline_costs import cost_table
 
@@ -109,11 +109,13 @@ def test_bad_sweeps_are_refused(method, message):
 @pytest.mark.parametrize("methods", [
     [{"name": "wise", "from_method": "naive"}, {"name": "naive"}],  # later
     [{"name": "naive"}, {"name": "a", "from_method": "naive"}, {"name": "wise", "from_method": "a"}],  # evaluates
+    [{"name": "naive"}, {"name": "wise", "from_method": "naive", "anchor_coef": 1.0}],  # its own model options
 ])
 def test_from_method_must_name_an_earlier_fitted_method(tmp_path, word_tokenizer_dir, cache_dir, methods):
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods)
     source = next(m["from_method"] for m in methods if m["name"] == "wise")
-    with pytest.raises(ValueError, match=f"from_method '{source}' must name an earlier method"):
+    message = f"from_method '{source}' must name an earlier method|evaluates 'naive'.*drop its own \\['anchor_coef'\\]"
+    with pytest.raises(ValueError, match=message):
         run_protocol(["--config", _write(tmp_path, cfg)])
 
 
