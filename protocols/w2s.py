@@ -31,7 +31,7 @@ import time
 import uuid
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -160,7 +160,8 @@ class W2SProtocol:
             supervision into W2S) or "best".
         drift: add the drift-diagnostics callback to student stages and report its final values.
         paired_reference: the method every other is compared with, seed by seed (NTS(reference) − NTS(X), mean and
-            95% interval); null or a name that is not a method: no paired table.
+            95% interval); a list: one paired table per reference, the first the headline (`paired` in
+            results.json; all in `paired_by_reference`); null or a name that is not a method: no paired table.
     """
 
     out_dir: str
@@ -180,7 +181,7 @@ class W2SProtocol:
     teacher_search: Optional[TeacherSearch] = None
     student_checkpoint: str = "last"
     drift: bool = True
-    paired_reference: Optional[str] = "anchor"
+    paired_reference: Union[str, list[str], None] = "anchor"
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]

@@ -126,7 +126,9 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     selection = selection_record(p, stages_raw, targets)
     oracle = aggregate(select(p, stages_raw, "oracle_target", targets)[0], id_source) if selection and targets else {}
     reference = getattr(p, "paired_reference", None)
-    pairs = paired(table, reference) if reference else {}
+    references = reference if isinstance(reference, list) else [reference] if reference else []
+    by_reference = {r: d for r in references if (d := paired(table, r))}
+    pairs = by_reference.get(references[0], {}) if references else {}
     has_pgr = any("pgr" in row for row in table.values())
     cols = display_columns(id_source, targets, has_pgr, headline_drift_keys(table))
     teacher_labels = teacher_label_structure(raw)
@@ -137,14 +139,15 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     markdown = "\n\n".join(part for part in (
         WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches), outside_models_line(p),
         selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds)),
-        interval_table(table, targets) if len(p.seeds) > 1 else "", paired_markdown(pairs, reference),
+        interval_table(table, targets) if len(p.seeds) > 1 else "",
+        *(paired_markdown(d, r) for r, d in by_reference.items()),
         teacher_structure_markdown(structures),
         oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
         teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
     return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
             "selection": {"rule": "id_val", "swept": selection}, "oracle_rows": oracle, "paired": pairs,
-            "paired_reference": reference if pairs else None,
+            "paired_reference": references[0] if pairs else None, "paired_by_reference": by_reference,
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in stages_raw.items()},

@@ -25,7 +25,8 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
                {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [1.0, 3.0]}},
                # evaluating a swept method: its id_val pick per seed (α = 1: that stage's own scores)
                {"name": "anchor_wise", "from_method": "anchor", "args": ["--model.wise_ft_alpha=1.0"]}]
-    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods)
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0, 1], methods=methods,
+                         paired_reference=["anchor", "naive"])
     results = run_protocol(["--config", _write(tmp_path, cfg)])
     out = cfg["out_dir"]
     assert list(results["rows"]) == ["teacher", "naive", "wise", "anchor", "anchor_wise"]
@@ -58,8 +59,13 @@ def test_a_swept_method_is_one_row_selected_on_id_validation(tmp_path, word_toke
         for seed, diff in d["per_seed"].items():
             assert diff == pytest.approx(rows["anchor"]["nts"]["per_seed"][seed] - rows[method]["nts"]["per_seed"][seed])
         assert d["mean"] == pytest.approx(statistics.fmean(d["per_seed"].values()))
+    # a second reference: its own table, the first one's differences with the sign turned
+    assert results["paired_reference"] == "anchor" and results["paired_by_reference"]["anchor"] == results["paired"]
+    for seed, diff in results["paired_by_reference"]["naive"]["anchor"]["per_seed"].items():
+        assert diff == pytest.approx(-results["paired"]["naive"]["per_seed"][seed])
     md = open(os.path.join(out, "results.md")).read()
-    assert "Model selection `id_val`" in md and "Oracle selection" in md and "Paired differences" in md
+    assert "Model selection `id_val`" in md and "Oracle selection" in md
+    assert "NTS(anchor) − NTS(X)" in md and "NTS(naive) − NTS(X)" in md
     assert "- anchor (--model.anchor_coef ∈ {1, 3}): seed 0:" in md
     # the cost table: a fit's seconds against naive's; the evaluating method fits nothing; the sweep's stages
     from benchmarks.baseline_costs import cost_table
