@@ -30,7 +30,7 @@ import shutil
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
@@ -125,6 +125,14 @@ class Method:
                 f"--model.anchor_layers={json.dumps(self.anchor_layers)}", *self.args]
 
 
+MODEL_OPTIONS = ("objective", "objective_args", "anchor_coef", "anchor_layers")  # what a checkpoint's hparams fix
+
+
+def _default(cls, name: str) -> Any:
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default is MISSING else f.default
+
+
 @dataclass
 class W2SProtocol:
     """Protocol configuration.
@@ -202,9 +210,7 @@ class W2SProtocol:
                 if source is None or source.from_method:
                     raise ValueError(f"method {method.name!r}: from_method {method.from_method!r} must name an "
                                      "earlier method that fits its checkpoints (not one that evaluates another's)")
-                own = [k for k, default in (("objective", "SoftBradleyTerry"), ("objective_args", {}),
-                                            ("anchor_coef", 0.0), ("anchor_layers", [1.0]))
-                       if getattr(method, k) != default]
+                own = [k for k in MODEL_OPTIONS if getattr(method, k) != _default(Method, k)]
                 if own:  # the checkpoint's hyperparameters build the model: the source's options, not its own
                     raise ValueError(f"method {method.name!r} evaluates {method.from_method!r}'s checkpoints, whose "
                                      f"model options it takes: drop its own {own}")
@@ -354,15 +360,15 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
 PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
 
 
-def upstream_args(stage: Stage, done: dict[str, dict[int, dict]]) -> list[str]:
+def upstream_args(stage: Stage, done: dict[str, dict[int, dict]], evaluated: Optional[str] = None) -> list[str]:
+    """The paths of upstream outputs; `evaluated`: the stage an evaluating stage reads (`evaluated_stage`)."""
     args = []
     if "teacher" in stage.upstream:
         args.append(f"--data.teacher_checkpoint={done['teacher'][stage.seed]['checkpoint']}")
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
-    if stage.evaluates:
-        source = evaluated_stage(stage, done)
-        args += [*stage.source_args[source], f"--ckpt_path={done[source][stage.seed]['checkpoint']}"]
+    if evaluated:
+        args += [*stage.source_args[evaluated], f"--ckpt_path={done[evaluated][stage.seed]['checkpoint']}"]
     return args
 
 
@@ -371,9 +377,9 @@ def evaluated_stage(stage: Stage, done: dict[str, dict[int, dict]]) -> str:
     in this seed (the same rule, and tie-break, as the source's own row)."""
     from protocols.model_selection import pick, rule_score
 
-    if stage.evaluates in stage.upstream:
-        return stage.evaluates
-    names = [u for u in stage.upstream if u.startswith(f"{stage.evaluates}@")]
+    names = list(stage.source_args)
+    if len(names) == 1:
+        return names[0]
     return names[pick([rule_score(done[n][stage.seed], "id_val", [], f"{os.path.dirname(stage.dir)}/{n}")
                        for n in names])]
 
@@ -484,9 +490,10 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
     if forced:
         forced_runs.add((stage.name, stage.seed))
     on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
-    args = stage.args + upstream_args(stage, done)
+    evaluated = evaluated_stage(stage, done) if stage.evaluates else None
+    args = stage.args + upstream_args(stage, done, evaluated)
     if stage.pretrained or stage.evaluates:
-        result = run_test_stage(stage, args, identity, evaluated_stage(stage, done) if stage.evaluates else None)
+        result = run_test_stage(stage, args, identity, evaluated)
     else:
         result = run_stage(stage, args, identity)
     if stage.name == "ceiling":  # the methods' --model.ceiling_results

@@ -45,5 +45,5 @@ def test_five_seed_naive_failure_table(tmp_path):
 
 def test_five_seed_baseline_comparison_table(tmp_path):
     """Issue 23's comparison (docs/results.md `w2s-baselines`: every method under id_val selection, 5 seeds) — about
-    80 min on 2 quiet cores (w2s_small_vocab's stages, then 10-12 fits and 8 evaluations per seed)."""
+    80 min on 2 quiet cores (w2s_small_vocab's stages, then 14 fits and 10 evaluations per seed)."""
     run_and_compare("configs/experiment/w2s_baselines.yaml", "w2s-baselines", tmp_path / "w2s_baselines")
