@@ -6,7 +6,9 @@ while the names stay (a fixed local file, a regenerated benchmark, a new hub rev
 - every local file or folder a data or model option points at (`--data.local_dirs`, `local:<path>` sources,
   `--data.question_dirs`, `--data.weak_labels`, a tokenizer or backbone directory, ...): size and SHA-256 of each
   file. Hashes are cached by (path, size, mtime) in `$SHIFTGEN_CACHE/file_digests.json`, so a 300k-pair file is
-  hashed once, not on every run;
+  hashed once, not on every run. That cache cannot see a file rewritten with its old size *and* mtime (`cp -p`,
+  `touch -d`); `rehash_files()`, which a `--force` run calls, makes every later lookup of this process and of the
+  processes it starts hash the files again (once each) and correct the cache;
 - the synthetic generators' version: a hash of their code (their records are a function of their options, which
   are in the configuration, and of this code);
 - a hub dataset's resolved revision (the commit of its local cache or, online, of the hub), or "unresolved".
@@ -16,7 +18,6 @@ and run stand for them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -24,14 +25,17 @@ import time
 from typing import Any, Optional
 
 from datamodules.atomic_files import atomic_write_json
+from datamodules.preference.prepared_index import file_sha256
 
 # Flattened config keys whose string values are read as data or model files (the last dotted parts that matter).
 READ_KEY = re.compile(r"(^|\.)(local_dirs\.[^.]+|question_dirs\.[^.]+|weak_labels|tokenizer|backbone|"
                       r"init_checkpoint|source|ood_targets\.\d+)$")
 PATH_PREFIXES = ("local:", "hf_classifier:")
 DIGEST_CACHE = "file_digests.json"
-_CHUNK = 1 << 20
 RACY_NS = 2_000_000_000
+# Hashes made before this time (ns since the epoch) are not trusted: set by `rehash_files()`. An environment variable,
+# so that the processes a run starts (a seed pool, a cluster job) distrust the same hashes.
+REHASH_ENV = "SHIFTGEN_REHASH_SINCE_NS"
 # (path, size, mtime_ns) -> (sha256, when it was hashed), for this process's lifetime
 _HASHED_HERE: dict[tuple[str, int, int], tuple[str, int]] = {}
 
@@ -42,11 +46,37 @@ def _cache_path() -> str:
     return os.path.join(default_cache_dir(), DIGEST_CACHE)
 
 
+def rehash_files() -> None:
+    """Distrust every file hash made before now, here and in the processes this one starts: each file is hashed again
+    at its next lookup (once: the new hash is trusted for the rest of the run) and the cache file is corrected. A
+    `--force` run calls it before any identity is computed, so it never trusts a hash that a rewrite with the old size
+    and mtime would have left stale."""
+    os.environ[REHASH_ENV] = str(time.time_ns())
+
+
+def _rehash_since() -> int:
+    value = os.environ.get(REHASH_ENV, "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${REHASH_ENV} must be a time in ns since the epoch (set by rehash_files), got {value!r}"
+                         ) from None
+
+
+def _trusted(st: os.stat_result, hashed_at: int) -> bool:
+    """Whether a hash made at `hashed_at` for the file's current size and mtime still stands for it: made after the
+    last `rehash_files()`, and when the file was already older than the hash by a margin -- a rewrite within the same
+    timestamp tick keeps size and mtime (git's "racily clean" files), so a young file is hashed again."""
+    return hashed_at >= _rehash_since() and st.st_mtime_ns < hashed_at - RACY_NS
+
+
 class FileDigests:
     """SHA-256 of files, remembered by (absolute path, size, mtime_ns): a file is hashed again only when it
-    changed. The cache is one small JSON file; concurrent writers can only lose entries, never corrupt it."""
+    changed, or when its hash predates `rehash_files()`. The cache is one small JSON file; concurrent writers can
+    only lose entries, never corrupt it."""
 
     def __init__(self, path: Optional[str] = None):
+        _rehash_since()  # a malformed value is refused here, whether or not a cached hash is ever looked up
         self.path = path or _cache_path()
         try:
             with open(self.path) as f:
@@ -58,26 +88,23 @@ class FileDigests:
     def digest(self, path: str) -> str:
         path = os.path.abspath(path)
         st = os.stat(path)
-        seen = _HASHED_HERE.get((path, st.st_size, st.st_mtime_ns))
-        if seen is not None:  # hashed by this process already: every stage of a run reads the same files
-            entry = [st.st_size, st.st_mtime_ns, *seen]
-            if self.known.get(path) != entry:
-                self.known[path], self.dirty = entry, True
+        stat = [st.st_size, st.st_mtime_ns]
+        seen = _HASHED_HERE.get((path, *stat))
+        if seen is not None and _trusted(st, seen[1]):  # hashed by this process: every stage of a run reads the files
+            self._remember(path, [*stat, *seen])
             return seen[0]
         hit = self.known.get(path)
-        # Trusted only when the file was already older than the hash by a margin: a rewrite within the same
-        # timestamp tick keeps size and mtime (git's "racily clean" files), so a young file is hashed again.
-        if hit and hit[:2] == [st.st_size, st.st_mtime_ns] and st.st_mtime_ns < hit[3] - RACY_NS:
+        if hit and hit[:2] == stat and _trusted(st, hit[3]):
             return hit[2]
-        hashed_at = time.time_ns()
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(_CHUNK), b""):
-                h.update(block)
-        self.known[path] = [st.st_size, st.st_mtime_ns, h.hexdigest(), hashed_at]
-        self.dirty = True
-        _HASHED_HERE[(path, st.st_size, st.st_mtime_ns)] = (h.hexdigest(), hashed_at)
-        return h.hexdigest()
+        hashed_at = time.time_ns()  # taken before reading: the racy margin then covers every byte read
+        sha = file_sha256(path)
+        _HASHED_HERE[(path, *stat)] = (sha, hashed_at)
+        self._remember(path, [*stat, sha, hashed_at])
+        return sha
+
+    def _remember(self, path: str, entry: list) -> None:
+        if self.known.get(path) != entry:
+            self.known[path], self.dirty = entry, True
 
     def tree(self, path: str) -> dict[str, str]:
         """{absolute file path: "<size> bytes sha256:<hex>"} of a file, or of every file under a folder (dotfiles

@@ -9,8 +9,8 @@ Split layout (all seeded and recorded in `<log_dir>/data_manifest.json` and `<lo
 Tokenized splits are cached with `datasets` under `cache_dir`, keyed by the records, the tokenizer and the
 tokenization settings, and written atomically (a crash never leaves a half-written cache; the temp folders of a
 killed run are removed by the next, `atomic_files.remove_orphans`; a failed write names the path and the flag that
-chose it). A small index beside them (`prepared_index.py`) lets a run with unchanged local files / generator options
-reload the cache without loading the records again.
+chose it). A small index beside them (`prepared_index.py`) lets a run whose local files have unchanged contents (or
+whose generator options are unchanged) reload the cache without loading the records again.
 """
 from __future__ import annotations
 
@@ -185,6 +185,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         self.manifest: dict = {}
         self._tokenizer = None
         self._loaded: Optional[tuple[dict, dict]] = None  # records and report, from prepare_data to setup
+        self._index_key: Optional[str] = None  # the prepared index's path (`_index_path`), once computed
+        self._index_key_known = False
 
     # ---- public names ------------------------------------------------------------------------------------
     @property
@@ -319,6 +321,14 @@ class PreferenceDataModule(pl.LightningDataModule):
 
     # ---- the prepared index: a warm cache without loading the records --------------------------------------
     def _index_path(self) -> Optional[str]:
+        """The index's path, from the source files' contents as this data module first saw them: computed before the
+        records are loaded, so a file rewritten while they load leaves an index under its *old* contents, which the
+        new contents never hit; and once (hashing the files again in `setup` would only cost time)."""
+        if not self._index_key_known:
+            self._index_key, self._index_key_known = self._compute_index_path(), True
+        return self._index_key
+
+    def _compute_index_path(self) -> Optional[str]:
         hp = self.hparams
         if hp.teacher_checkpoint or hp.weak_labels:
             return None  # weak labels are keyed by the records themselves

@@ -3,8 +3,9 @@
 For each pair of the student half, the order (a, b) is a seeded coin per pair id (so q is not always > 0.5)
 and q = σ(r_teacher(x, a) − r_teacher(x, b)). The teacher also scores every test split (a = chosen), so
 teacher and student are later compared on exactly the same pairs.
-Everything lands in one JSON file, keyed by the teacher checkpoint, the records, the teacher's tokenization
-and the seed, written atomically: a second run (or every student of a protocol) reuses it.
+Everything lands in one JSON file, keyed by the teacher checkpoint (its path and the SHA-256 of its files), the
+records, the teacher's tokenization and the seed, written atomically: a second run (or every student of a protocol)
+reuses it.
 
 The teacher is a `RewardModelModule` checkpoint (.ckpt) or an outside reward model, `hf_classifier:<dir or hub id>`
 (any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md), scored whole with its own head and its
@@ -24,6 +25,7 @@ import torch
 from datamodules.atomic_files import atomic_write_json
 from datamodules.preference.collate import PairCollator
 from datamodules.preference.pair_tokenization import PairTokenizer
+from datamodules.preference.prepared_index import file_sha256
 from datamodules.preference.records import fingerprint
 
 FORMAT_VERSION = 1
@@ -36,14 +38,13 @@ def swap_order(record_id: str, seed: int) -> bool:
 
 
 def checkpoint_key(path: str, flag: str = "--data.teacher_checkpoint") -> str:
-    """What the cached labels depend on besides the records: the teacher's path and the state of its files.
+    """The teacher's path and the state of its files: path, size and mtime (ns) of the .ckpt file, or of every file of
+    a model directory that can change its scores (recursively, except the model card and dotfiles); a hub id by the
+    commit its files resolve to.
 
-    A .ckpt file or a model directory is keyed by path, size and mtime (ns) of every file that can change its
-    scores (a directory's files, recursively, except the model card and dotfiles), not by a content hash: hashing a
-    multi-GB export would cost seconds to minutes in every stage that reads the labels (the key is computed in
-    `prepare_data` and again in `setup`), while any rewrite (`cli.py export`, `save_pretrained`, a plain copy) gives
-    new mtimes, so a changed model always gets new labels. (Only a copy that keeps mtimes, `cp -p` / `rsync -a`, of
-    other weights with the same sizes would go unnoticed.) A hub id is keyed by the commit its files resolve to.
+    Cheap (no file is read), so the W2S protocol keys an outside model's identity with it; it cannot see a copy that
+    keeps mtimes (`cp -p`, `rsync -a`) of other weights with the same sizes. The label cache therefore also keys the
+    files' contents (`checkpoint_contents`).
     """
     from lightning_modules.export.hf_classifier import classifier_source, is_hf_classifier, looks_like_path
 
@@ -55,15 +56,43 @@ def checkpoint_key(path: str, flag: str = "--data.teacher_checkpoint") -> str:
         return f"hf_classifier:hub:{source}@{hub_commit(source, flag)}"
     root = os.path.abspath(os.path.expanduser(source))
     files = []
+    for rel, full in _scoring_files(root):
+        st = os.stat(full)
+        files.append([rel, st.st_size, st.st_mtime_ns])
+    return f"hf_classifier:{root}:" + hashlib.sha1(json.dumps(files).encode("utf-8")).hexdigest()
+
+
+def checkpoint_contents(path: str) -> str:
+    """SHA-256 of the teacher's bytes: the .ckpt file's, or each scoring file's of a model directory (as in
+    `checkpoint_key`); "" for a hub id, whose commit already names its contents.
+
+    Read in full on every call (about a second per GB; the data module asks in `prepare_data` and in `setup`), never
+    answered from a cache keyed by size and mtime: a teacher rewritten with its old sizes and mtimes would otherwise
+    hand its students the old teacher's labels, and their published accuracies would be the old teacher's students'.
+    """
+    from lightning_modules.export.hf_classifier import classifier_source, is_hf_classifier, looks_like_path
+
+    if not is_hf_classifier(path):
+        return file_sha256(path)
+    source = classifier_source(path)
+    if not looks_like_path(source):
+        return ""
+    root = os.path.abspath(os.path.expanduser(source))
+    files = [[rel, file_sha256(full)] for rel, full in _scoring_files(root)]
+    return hashlib.sha256(json.dumps(files).encode("utf-8")).hexdigest()
+
+
+def _scoring_files(root: str) -> list[tuple[str, str]]:
+    """(relative path, absolute path) of a model directory's files that can change its scores, in a stable order:
+    all but the model card (*.md) and dotfiles."""
+    out = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
-            if name.startswith(".") or name.endswith(".md"):
-                continue
-            full = os.path.join(folder, name)
-            st = os.stat(full)
-            files.append([os.path.relpath(full, root), st.st_size, st.st_mtime_ns])
-    return f"hf_classifier:{root}:" + hashlib.sha1(json.dumps(files).encode("utf-8")).hexdigest()
+            if not (name.startswith(".") or name.endswith(".md")):
+                full = os.path.join(folder, name)
+                out.append((os.path.relpath(full, root), full))
+    return out
 
 
 def hub_commit(repo_id: str, flag: str) -> str:
@@ -81,7 +110,8 @@ def hub_commit(repo_id: str, flag: str) -> str:
 
 def weak_label_path(cache_dir: str, teacher_checkpoint: str, student_records: list[dict],
                     test_records: dict[str, list[dict]], seed: int, max_length: int, truncation: str) -> str:
-    payload = json.dumps([FORMAT_VERSION, checkpoint_key(teacher_checkpoint), fingerprint(student_records),
+    teacher = [checkpoint_key(teacher_checkpoint), checkpoint_contents(teacher_checkpoint)]
+    payload = json.dumps([FORMAT_VERSION, teacher, fingerprint(student_records),
                           {k: fingerprint(v) for k, v in sorted(test_records.items())}, seed, max_length, truncation])
     key = hashlib.sha1(payload.encode("utf-8")).hexdigest()[:20]
     return os.path.join(cache_dir, "weak_labels", f"{key}.json")

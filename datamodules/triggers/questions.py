@@ -24,6 +24,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional
 
+from datamodules.preference.sources.base import iter_table
+
 LETTERS = "ABCDE"
 LANGUAGES = ("en", "zh")
 
@@ -120,10 +122,12 @@ def _load_rows(hub_id: str, config: str, split: str, local_dir: Optional[str], f
     import datasets
 
     if local_dir is not None:
-        for ext, builder in (("jsonl", "json"), ("json", "json"), ("parquet", "parquet")):
+        for ext in ("jsonl", "json", "parquet"):
             path = os.path.join(local_dir, f"{split}.{ext}")
             if os.path.isfile(path):
-                return datasets.load_dataset(builder, data_files={split: path}, split=split)
+                # read as it is now: `datasets`' own cache keys a local file by path and mtime, so a rewrite that
+                # kept them would give the old rows (tests/test_stale_caches.py)
+                return list(iter_table(path))
         raise FileNotFoundError(f"{flag}: no {split}.jsonl / {split}.json / {split}.parquet in {local_dir!r}")
     try:
         return datasets.load_dataset(hub_id, config, split=split)
