@@ -20,7 +20,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks.reference_model import ReferenceModelCallback
-from cli_guards import ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements
+from cli_guards import ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements, inner_cause
 from lightning_modules.checkpoint_checks import CheckpointError
 from lightning_modules.checkpoint_io import install_atomic_checkpoint_io
 
@@ -51,6 +51,15 @@ class ShiftCLI(LightningCLI):
             parser.error(f"--ckpt_path {self.config[sub].ckpt_path}: the model is built from the checkpoint's "
                          "hyperparameters, and these values given explicitly (flags or --config files) differ:\n  "
                          + "\n  ".join(differing) + "\nDrop them to use the checkpoint's values.")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # a model/data class refused its arguments: its own message first, not the wrapper's
+            cause = inner_cause(str(err))
+            if cause is None:
+                raise
+            raise ValueError(cause) from err
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)

@@ -82,6 +82,29 @@ class ShiftArgumentParser(LightningArgumentParser):
         super().error(message, ex)
 
 
+UNION_ERROR = "Does not validate against any of the Union subtypes"
+
+
+def inner_cause(message: str) -> str | None:
+    """The error a subclass-mode class raised, from jsonargparse's Union message that wraps it ("Does not validate
+    against any of the Union subtypes ... Errors: - <the class's error> - Expected a <class 'NoneType'>"); None when
+    `message` is not such a wrapper. The wrapper lists every subtype's failure; the NoneType one says nothing."""
+    if UNION_ERROR not in message or "Errors:" not in message:
+        return None
+    causes, current = [], None
+    for line in message.split("Errors:", 1)[1].splitlines():
+        if line.startswith("  - "):
+            current = [line[4:]]
+            causes.append(current)
+        elif current is not None and line.startswith("    "):
+            current.append(line.strip())
+        elif line.strip():  # "Given value type: ...": the list ended
+            current = None
+    texts = [" ".join(c).strip() for c in causes]
+    useful = [t for t in texts if not t.startswith("Expected a <class 'NoneType'>")]
+    return useful[0] if useful else None
+
+
 def checkpoint_disagreements(parser, args, config) -> list[str]:
     """'--model.KEY: checkpoint A, command line B' for each explicitly given value that the checkpoint's
     hyperparameters would silently replace (LightningCLI loads them into the config when ckpt_path is a file)."""

@@ -9,21 +9,19 @@ data would not be comparable: the runs must share the teacher config, data and s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from typing import Optional
+
+from protocols.published_set import find_set, load_published
 
 
 def load_row(spec: str) -> tuple[str, dict, dict]:
     out_dir, sep, method = spec.rpartition(":")
     if not sep or not out_dir or not method:
         raise SystemExit(f"join_rows: --row {spec!r} is not OUT_DIR:METHOD")
-    path = os.path.join(out_dir, "results.json")
-    if not os.path.isfile(path):
-        raise SystemExit(f"join_rows: {path} not found: run the protocol on {out_dir} first")
-    with open(path, encoding="utf-8") as f:
-        results = json.load(f)
+    path = os.path.join(find_set(out_dir), "results.json")
+    results = load_published(out_dir, rerun_hint=f"run the protocol on {out_dir}")
     if method not in results["rows"]:
         raise SystemExit(f"join_rows: {path} has no row {method!r}; rows: {sorted(results['rows'])}")
     return method, results["rows"][method], results
@@ -69,4 +67,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from protocols.refusals import run_main
+
+    run_main(main)

@@ -18,6 +18,7 @@ import os
 import statistics
 
 from datamodules.atomic_files import atomic_write
+from protocols.published_set import find_set, load_published
 
 
 def curve_methods(protocol: dict) -> list[tuple[float, str]]:
@@ -111,16 +112,10 @@ def main(argv=None) -> str:
                         help="a finished protocol run; repeat it to join runs of the same teacher and data")
     args = parser.parse_args(argv)
     runs = []
-    for out_dir in args.out_dir:
-        paths = [os.path.join(out_dir, f"{name}.json") for name in ("results", "protocol")]
-        missing = [p for p in paths if not os.path.isfile(p)]
-        if missing:
-            raise SystemExit(f"lambda_curve: {missing} not found: run the protocol on that --out_dir first")
-        loaded = []
-        for path in paths:
-            with open(path, encoding="utf-8") as f:
-                loaded.append(json.load(f))
-        runs.append(tuple(loaded))
+    for out_dir in args.out_dir:  # the published set, checked against its stages, and the protocol that made it
+        results = load_published(out_dir, rerun_hint="run the protocol on that --out_dir")
+        with open(os.path.join(find_set(out_dir), "protocol.json"), encoding="utf-8") as f:
+            runs.append((results, json.load(f)))
     rows = curve_rows(runs)
     plot(rows, os.path.join(args.out_dir[-1], "figures", "lambda_curve.png"))
     table = markdown(rows)
@@ -129,4 +124,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from protocols.refusals import run_main
+
+    run_main(main)

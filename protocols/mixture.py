@@ -307,7 +307,7 @@ def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str
               "wall_s": round(wall, 1), "finished": finished,
               "checkpoint": ckpt, "log": log_path, "table": None}
     if rc != 0 or not os.path.isfile(ckpt):
-        record.update(status="failed", error=_last_error(log_path) or f"exit code {rc}")
+        record.update(status="failed", error=_failure(rc, ckpt, log_path))
         print(f"[seed {seed}] {stage.name}: FAILED after {wall:.0f} s: {record['error']}", flush=True)
     else:
         # the stage's own file: variants of one config (full sequence / persona tokens) write the same ckpt path
@@ -323,6 +323,18 @@ def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str
         print(f"[seed {seed}] {stage.name}: done in {wall:.0f} s", flush=True)
     _write_json(record_file, record)
     return record
+
+
+def _failure(rc: int, ckpt: str, log_path: str) -> str:
+    """Why a stage failed, cause first: its error, or, when the run ended well without writing its checkpoint (e.g.
+    `--trainer.max_steps` reached before the checkpoint callback's first save), that missing file."""
+    if rc == 0:
+        last = _last_error(log_path)
+        return (f"the run ended (exit code 0) without writing its checkpoint {ckpt}: its ModelCheckpoint saves after "
+                "a validation or an epoch's end, so a run stopped before the first (--trainer.max_steps below "
+                "--trainer.val_check_interval, max_time, a signal) leaves none; raise --trainer.max_steps or validate "
+                f"sooner. The log ({log_path}) ends with: {last or '(nothing)'}")
+    return _last_error(log_path) or f"exit code {rc} (log: {log_path})"
 
 
 def _log_name(args: list[str]) -> Optional[str]:
@@ -430,6 +442,10 @@ def main(argv=None) -> int:
     if args.status:
         slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))
         return 0
+    if force:  # a forced run trusts no cached file hash (a rewrite may have kept size and mtime: docs/reruns.md)
+        from protocols.data_identity import rehash_files
+
+        rehash_files()
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
     extra = {"sft": args.sft_set, "rl": args.set}
     question_dirs = None
@@ -486,4 +502,6 @@ def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from protocols.refusals import run_main
+
+    run_main(main, exit_code=lambda code: code)

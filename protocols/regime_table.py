@@ -12,23 +12,18 @@ The last column says which clause of "naive WRG > 0 with some AOG < 0" holds: by
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 from typing import Optional
 
+from protocols.published_set import load_published
 from protocols.teacher_search import value_label
 from protocols.w2s_report import ci95, mean_std
 
 
-def load(out_dir: str) -> dict:
-    path = os.path.join(out_dir, "results", "results.json")
-    if not os.path.isfile(path):
-        path = os.path.join(out_dir, "results.json")
-    if not os.path.isfile(path):
-        raise SystemExit(f"{out_dir}: no results/results.json (run the protocol first)")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def load(path: str) -> dict:
+    """A run's published results: `path` is its out_dir (its default set, `results/`) or a set folder (a named
+    set, e.g. `runs/w2s_small_vocab/results_baselines`); refused when its stages are gone or ran again since."""
+    return load_published(path, rerun_hint="rerun its protocol (python -m protocols.w2s --config ...)")
 
 
 def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
@@ -113,18 +108,25 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", required=True, metavar="NAME=OUT_DIR",
-                        help="a benchmark's name and its protocol out_dir (repeat)")
+                        help="a benchmark's name and its protocol out_dir, or a named set's folder (repeat)")
     args = parser.parse_args(argv)
-    rows = []
+    runs = []
     for spec in args.run:
         name, sep, out_dir = spec.partition("=")
         if not sep or not name or not out_dir:
             parser.error(f"--run takes NAME=OUT_DIR, got {spec!r}")
-        rows.append(regime_row(name, load(out_dir)))
+        runs.append((name, out_dir))
+    names = [name for name, _ in runs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # two rows of one name could not be told apart in the table
+        parser.error(f"--run names {repeated} more than once: give each benchmark its own name")
+    rows = [regime_row(name, load(out_dir)) for name, out_dir in runs]
     text = markdown(rows)
     print(text)
     return text
 
 
 if __name__ == "__main__":
-    main()
+    from protocols.refusals import run_main
+
+    run_main(main)

@@ -74,6 +74,8 @@ class TeacherSearch:
         labels = [value_label(v) for v in self.values]
         if len(set(labels)) != len(labels):
             raise ValueError(f"--teacher_search.values repeats a value: {self.values}")
+        if not isinstance(self.band, (list, tuple)) or len(self.band) != 2:
+            raise ValueError(f"--teacher_search.band takes two numbers [low, high] (percent), got {self.band!r}")
         low, high = self.band
         if not 0.0 <= low <= self.target <= high <= 100.0:
             raise ValueError(f"--teacher_search: need 0 <= band[0] <= target <= band[1] <= 100, got target "

@@ -40,8 +40,9 @@ from lightning_modules.export.hf_classifier import (
     classifier_init_args, classifier_source, is_hf_classifier,
 )
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
-from datamodules.atomic_files import atomic_write, atomic_write_json
-from protocols.data_identity import data_identity
+from datamodules.atomic_files import atomic_write, atomic_write_json, remove_orphans
+from protocols.data_identity import data_identity, rehash_files
+from protocols.published_set import withdraw_sets_reading
 from protocols.rank_errors import on_rank_zero, rank_zero_section
 from protocols.run_files import OutDirLock, is_global_zero, publish_set, read_json
 from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers catch it from here
@@ -169,7 +170,13 @@ class W2SProtocol:
         drift: add the drift-diagnostics callback to student stages and report its final values.
         paired_reference: the method every other is compared with, seed by seed (NTS(reference) − NTS(X), mean and
             95% interval); a list: one paired table per reference, the first the headline (`paired` in
-            results.json; all in `paired_by_reference`); null or a name that is not a method: no paired table.
+            results.json; all in `paired_by_reference`); null: no paired table. A name that is not a method is
+            refused, except the default "anchor" when no method is named so (then no paired table).
+        results_name: the folder of this configuration's published set, `<out_dir>/<results_name>/`. The default
+            "results" is linked as `<out_dir>/results.md|json|csv`, `protocol.json`, `figures`; another name as
+            `<out_dir>/<results_name>.md|json|csv`. Two configurations that share an out_dir (and so reuse each
+            other's stages) each need their own name: a set belongs to the configuration that made it, and another
+            one is refused before any work rather than replacing its rows (docs/reruns.md).
     """
 
     out_dir: str
@@ -190,6 +197,7 @@ class W2SProtocol:
     student_checkpoint: str = "last"
     drift: bool = True
     paired_reference: Union[str, list[str], None] = "anchor"
+    results_name: str = "results"
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
@@ -219,6 +227,12 @@ class W2SProtocol:
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
         if not self.seeds:
             raise ValueError("--seeds must list at least one seed")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:  # the table would say "over N seeds" of fewer runs
+            raise ValueError(f"--seeds repeats {repeated}: {self.seeds}; each seed is one run of every stage, list "
+                             "it once")
+        self._check_paired_reference(names)
+        self._check_results_name(names)
         if self.teacher_pretrained and self.teacher_configs:
             raise ValueError("give either --teacher_configs (a teacher trained here) or --teacher_pretrained (an "
                              f"outside model tested as is), not both: got {self.teacher_configs} and "
@@ -232,6 +246,24 @@ class W2SProtocol:
         for path in [*self.trainer_configs, *self.data_configs, *self.teacher_configs, *self.student_configs]:
             if not os.path.isfile(path):
                 raise ValueError(f"config file {path!r} does not exist")
+
+    def _check_paired_reference(self, method_names: list[str]) -> None:
+        if self.paired_reference is None:
+            return
+        references = self.paired_reference if isinstance(self.paired_reference, list) else [self.paired_reference]
+        if self.paired_reference == _default(W2SProtocol, "paired_reference") and references[0] not in method_names:
+            return  # the default names ANCHOR's usual row; a protocol without one has no paired table
+        unknown = [r for r in references if r not in method_names]
+        if unknown or not references:
+            raise ValueError(f"--paired_reference {self.paired_reference!r}: {unknown or 'an empty list'} names no "
+                             f"method; the methods are {method_names} (null: no paired table)")
+
+    def _check_results_name(self, method_names: list[str]) -> None:
+        name = self.results_name
+        taken = {"logs", "figures", *method_names} | {f"seed{s}" for s in self.seeds}
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or name in taken or name.endswith(".stale"):
+            raise ValueError(f"--results_name {name!r} must be a plain folder name (letters, digits, _ . -) that no "
+                             f"stage or seed folder of the out_dir uses ({sorted(taken)})")
 
     def _check_outside_models(self, method_names: list[str]) -> None:
         """Outside models: the `hf_classifier:` prefix, a directory that holds a classifier (before any work), one
@@ -413,7 +445,11 @@ def _check_model(model: dict) -> None:
         return
     _validate(a["backbone"], a["tokenizer"], a["anchor_coef"], a["anchor_layers"], a["quantization"], a["lora"],
               a["freeze_layers"])
-    anchor_layer_ids(a["anchor_layers"], backbone_layer_count(a), a["anchor_coef"], a["freeze_layers"])
+    depth = backbone_layer_count(a)
+    if (a.get("freeze_layers") or 0) > depth:  # the module refuses it too, but only once its stage runs
+        raise ValueError(f"--model.freeze_layers {a['freeze_layers']} exceeds the depth of --model.backbone "
+                         f"{a['backbone']!r}: it has {depth} transformer layer(s); choose 0..{depth}")
+    anchor_layer_ids(a["anchor_layers"], depth, a["anchor_coef"], a["freeze_layers"])
     objective = a.get("objective")
     if objective:
         try:  # the objective validates its own arguments (ConfidenceW2S: aux_coef in [0, 1], ...)
@@ -485,10 +521,13 @@ def run_or_reuse(stage: Stage, done: dict[str, dict[int, dict]], force: ForceSpe
     if finished is not None and not forced:
         diff = stage_changes(stage, finished, identity)
         if not diff:
+            on_rank_zero(f"sweep {stage.dir}", remove_orphans, stage.dir)  # a dead writer's temps in what we read
             return finished
         raise refusal([(stage.dir, diff)])
     if forced:
         forced_runs.add((stage.name, stage.seed))
+    on_rank_zero(f"withdraw the sets that read {stage.dir}", withdraw_sets_reading, os.path.dirname(
+        os.path.dirname(stage.dir)), stage_key(stage), "runs again" if finished else "is missing and runs")
     on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
     evaluated = evaluated_stage(stage, done) if stage.evaluates else None
     args = stage.args + upstream_args(stage, done, evaluated)
@@ -679,20 +718,42 @@ def prepare(p: W2SProtocol, force: ForceSpec, only: Optional[set[str]] = None) -
     keys, `seed<k>/<name>` — a cluster job checks its own stage and what it reads, not the whole grid)."""
     stages = plan_stages(p)
     force.check({s.name for s in stages})
+    if force:  # a forced run trusts no cached file hash (a rewrite may have kept size and mtime: docs/reruns.md)
+        rehash_files()
     for stage in stages:
         if only is None or stage_key(stage) in only:
             validate_stage(stage)
+    refuse_equal_sweep_values(stages)
     return stages
 
 
-def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
+def refuse_equal_sweep_values(stages: list[Stage]) -> None:
+    """Two values of a sweep that parse to the same stage (`[1, 1.0]`, `[1000, "1e3"]`) would train it twice and
+    count it as two candidates: refused, naming both."""
+    seen: dict[tuple, Stage] = {}
+    for stage in stages:
+        if stage.value is None or stage.config is None:
+            continue
+        key = (stage.seed, stage.method, digest(without_location(stage.config)))
+        if key in seen:
+            raise ValueError(f"method {stage.method!r}: the sweep values {seen[key].value!r} and {stage.value!r} give "
+                             f"the same stage (stages {seen[key].name} and {stage.name} resolve to one configuration); "
+                             "list each value once")
+        seen[key] = stage
+
+
+def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None, replace_results: bool = False,
+                 command: Optional[list[str]] = None) -> dict:
     """Every stage in this process (`--launcher local`), then the results; returns the results (every rank computes
-    the same ones)."""
+    the same ones). `replace_results`: publish over a set another configuration made (it is withdrawn first).
+    `command`: the protocol's arguments, recorded with the published set."""
     force = force or ForceSpec(None)
     stages = prepare(p, force)
     rank0 = is_global_zero()
     with OutDirLock(p.out_dir) if rank0 else nullcontext():  # DDP children run inside rank 0's lock
         refuse_changed_stages(stages, force)
+        if rank0:
+            claim_results(p, replace_results)
         done: dict[str, dict[int, dict]] = {}
         forced_runs: set = set()
         for i, stage in enumerate(stages):
@@ -701,7 +762,35 @@ def run_protocol(p: W2SProtocol, force: Optional[ForceSpec] = None) -> dict:
             with stage_lock(p.out_dir, stage):
                 done.setdefault(stage.name, {})[stage.seed] = run_or_reuse(stage, done, force, forced_runs)
         _release_stores(stages[-1].seed)
-        return publish_results(p, stages, done)
+        return publish_results(p, stages, done, command)
+
+
+def results_dir(p: W2SProtocol) -> str:
+    return os.path.join(p.out_dir, p.results_name)
+
+
+def claim_results(p: W2SProtocol, replace: bool) -> None:
+    """Before any work: this configuration's set may be published (`published_set`: a set belongs to the
+    configuration that made it). `replace`: withdraw another configuration's set instead of refusing."""
+    from protocols.published_set import SET_RECORD, refuse_other_owner, withdraw
+
+    folder = results_dir(p)
+    if not os.path.isdir(folder):
+        return
+    if replace:
+        withdraw(folder, read_json(os.path.join(folder, SET_RECORD)), "withdrawn by --replace_results on "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}: another configuration publishes here")
+        return
+    nested = {"methods": _defaults(Method), "teacher_search": _defaults(TeacherSearch)}
+    # Adding methods or seeds grows the same configuration's table; dropping or changing one would lose rows.
+    refuse_other_owner(folder, asdict(p), _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
+                       "--results_name")
+
+
+def _defaults(cls) -> dict[str, Any]:
+    """The declared defaults of a dataclass's fields (those that have one)."""
+    return {f.name: _default(cls, f.name) for f in fields(cls)
+            if f.default is not MISSING or f.default_factory is not MISSING}
 
 
 def stage_key(stage: Stage) -> str:
@@ -715,25 +804,40 @@ def stage_lock(out_dir: str, stage: Stage):
     return OutDirLock(folder, what="stage") if is_global_zero() else nullcontext()
 
 
-def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]]) -> dict:
+def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]],
+                    command: Optional[list[str]] = None) -> dict:
     """The table from the finished stages, published (rank 0) as one set: tables, figures, TensorBoard summary and
-    HPARAMS tab, swapped in at once."""
+    HPARAMS tab, the configuration and the stage runs it read (`set.json`), swapped in at once."""
     from protocols.hparams import write_hparams
-    from protocols.w2s_report import RESULT_LINKS, RESULTS_DIR, summarize, write_reports
+    from protocols.published_set import remove_stale, stage_entry, write_set_record
+    from protocols.w2s_report import result_links, summarize, write_reports
 
     results = summarize(p, done)
     with rank_zero_section(f"publish the results of {p.out_dir}") as rank0:  # a failure ends every rank at once
         if rank0:
+            links = result_links(p.results_name)
+            entries = {stage_key(s): stage_entry(p.out_dir, s.result_path, done[s.name][s.seed]) for s in stages}
+
             def write(folder: str) -> None:
                 atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
                 write_reports(folder, results)
                 write_hparams(folder, stages, done, results["id_source"])
+                write_set_record(folder, published_command(command), links, entries)
 
-            publish_set(p.out_dir, RESULTS_DIR, write, RESULT_LINKS)
+            publish_set(p.out_dir, p.results_name, write, links)
+            remove_stale(results_dir(p))
             for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
                 shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
             print(results["markdown"])
     return results
+
+
+def published_command(args: Optional[list[str]] = None) -> list[str]:
+    """The command that published a set, as a person would type it (for a refusal that names the set's owner);
+    `args`: the protocol's arguments (default: this process's)."""
+    import sys
+
+    return ["python", "-m", "protocols.w2s", *(sys.argv[1:] if args is None else args)]
 
 
 def _release_stores(seed: int) -> None:
@@ -768,11 +872,14 @@ def _parse(args: Optional[list[str]]) -> tuple[W2SProtocol, ForceSpec, dict]:
     parser.add_argument("--stage", default=None, help="run this one stage (seed<k>/<name>), from its upstream "
                                                       "stages' results: what a cluster job runs")
     parser.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the jobs are done")
+    parser.add_argument("--replace_results", action="store_true",
+                        help="publish over a set that another configuration made in <out_dir>/<results_name> (it is "
+                             "withdrawn to <results_name>.stale/) instead of refusing")
     ns = parser.parse_args(args)
     d = ns.as_dict()
     d.pop("config", None)
     force = ForceSpec(d.pop("force"))
-    modes = {k: d.pop(k) for k in ("launcher", "status", "collect", "stage", "wait")}
+    modes = {k: d.pop(k) for k in ("launcher", "status", "collect", "stage", "wait", "replace_results")}
     modes["slurm"] = SlurmOptions(**d.pop("slurm"))
     if sum(bool(modes[k]) for k in ("status", "collect", "stage")) > 1:
         parser.error("give at most one of --status, --collect, --stage")
@@ -804,8 +911,10 @@ def main(args: Optional[list[str]] = None) -> Any:
         rows = w2s_cluster.submit(protocol, force, modes["slurm"], wait=modes["wait"])
         slurm.print_status(rows)
         return rows
-    return run_protocol(protocol, force=force)
+    return run_protocol(protocol, force=force, replace_results=modes["replace_results"], command=args)
 
 
 if __name__ == "__main__":
-    main()
+    from protocols.refusals import run_main
+
+    run_main(main)

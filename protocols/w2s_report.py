@@ -338,6 +338,13 @@ RESULT_LINKS = {name: f"{RESULTS_DIR}/{name}" for name in
                 ("protocol.json", "results.json", "results.csv", "results.md", "figures")}
 
 
+def result_links(results_name: str) -> dict[str, str]:
+    """The stable names of a set: the default set's documented ones, or `<name>.md|json|csv` for a named one."""
+    if results_name == RESULTS_DIR:
+        return RESULT_LINKS
+    return {f"{results_name}.{ext}": f"{results_name}/results.{ext}" for ext in ("md", "json", "csv")}
+
+
 def write_reports(out_dir: str, results: dict) -> None:
     """results.json / .csv / .md and the figures into `out_dir` (the set being published); global rank 0 only."""
     atomic_write_json(results, os.path.join(out_dir, "results.json"))

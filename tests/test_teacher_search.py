@@ -144,6 +144,7 @@ def test_regime_table_rows_from_results_files(tmp_path):
                         "anchor": {"nts": cell(5.0, 6.0, 7.0)}}}
     os.makedirs(tmp_path / "run" / "results")
     json.dump(results, open(tmp_path / "run" / "results" / "results.json", "w"))
+    json.dump({"stages": {}}, open(tmp_path / "run" / "results" / "set.json", "w"))  # a set that read no stage
     text = regime_table(["--run", f"bench={tmp_path / 'run'}"])
     row = text.splitlines()[2].split(" | ")
     # t(2) = 4.303; WRG 2.0 ± 1.0 → half width 4.303 / sqrt(3) = 2.484; worst AOG is b: −4.0 ± 1.0

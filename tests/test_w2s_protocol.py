@@ -461,6 +461,7 @@ def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({"id_source": "src", "rows": rows}))
         (tmp_path / name / "protocol.json").write_text(json.dumps(protocol))
+        (tmp_path / name / "set.json").write_text(json.dumps({"stages": {}}))  # a set folder that read no stage
     table = lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "abl")]).splitlines()
     assert [line.split(" | ")[1] for line in table[2:]] == ["naive", "lam1", "anchor"]
     # seed 2 exists only in the main run: dropped from every point
@@ -482,6 +483,7 @@ def test_join_rows_takes_each_row_from_its_run_on_the_shared_seeds(tmp_path):
     for name, rows in runs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({"id_source": "src", "targets": ["tgt"], "rows": rows}))
+        (tmp_path / name / "set.json").write_text(json.dumps({"stages": {}}))  # a set folder that read no stage
     table = join_rows(["--row", f"{tmp_path / 'main'}:naive", "--row", f"{tmp_path / 'abl'}:hard"]).splitlines()
     assert table[0].startswith("Mean ± std over seeds 0, 1;")
     assert table[4] == "| naive | 81.0 ± 1.4 | +2.0 ± 1.4 | -3.0 ± 1.4 | -2.0 ± 1.4 (-1.0, -3.0) |"
