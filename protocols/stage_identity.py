@@ -8,6 +8,7 @@ ceiling results) are replaced by the identity of the stage that produced them.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -37,28 +38,52 @@ class _Parsed(Exception):
 def resolve_cli_config(args: list[str]) -> dict:
     """Every value of `python cli.py fit <args>` as a plain dict, without instantiating the model or data.
 
-    Raises ValueError with the parser's message when cli.py would refuse the arguments.
+    Raises ValueError with the parser's message when cli.py would refuse the arguments. The parser is built once per
+    process (about 0.2 s each time otherwise: a protocol validates hundreds of stages) and parses each call afresh.
     """
     from argparse import ArgumentError
 
-    from cli import ShiftCLI
-
-    class ParseOnlyCLI(ShiftCLI):  # ShiftCLI's parser (its arguments and links); stops right after parsing
-        def parse_arguments(self, parser, args):
-            super().parse_arguments(parser, args)
-            raise _Parsed(parser, self.config)
-
-    try:  # the classes and subclass modes of `cli.main`
+    cli, parser = _parse_only_cli()
+    try:
         with warnings.catch_warnings():  # "args and sys.argv both given": on purpose here
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            ParseOnlyCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         parser_kwargs={"exit_on_error": False}, args=args, run=False)
+            cli.parse_arguments(parser, args)
     except _Parsed as parsed:
         dumped = parsed.parser.dump(parsed.config, format="json", skip_unset=False, skip_link_targets=False)
         return json.loads(dumped)
     except ArgumentError as err:
         raise ValueError(str(err)) from None
     raise AssertionError("ParseOnlyCLI returned without parsing")
+
+
+@functools.lru_cache(maxsize=1)
+def _parse_only_cli():
+    """A ShiftCLI (its parser, links and guards) whose `parse_arguments` stops right after parsing, raising
+    `_Parsed`; built once: its constructor's own parse only captures it and its parser."""
+    from cli import ShiftCLI
+
+    class ParseOnlyCLI(ShiftCLI):
+        def parse_arguments(self, parser, args):
+            if args is _CAPTURE:
+                raise _Capture(self, parser)
+            super().parse_arguments(parser, args)
+            raise _Parsed(parser, self.config)
+
+    try:  # the classes and subclass modes of `cli.main`
+        ParseOnlyCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     parser_kwargs={"exit_on_error": False}, args=_CAPTURE, run=False)
+    except _Capture as captured:
+        return captured.cli, captured.parser
+    raise AssertionError("ParseOnlyCLI was built without parsing")
+
+
+_CAPTURE = ["--capture-the-parser"]  # a sentinel list (compared by identity), never parsed
+
+
+class _Capture(Exception):
+    def __init__(self, cli, parser):
+        super().__init__("captured")
+        self.cli, self.parser = cli, parser
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

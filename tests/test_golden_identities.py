@@ -1,0 +1,133 @@
+"""Every stage identity of every shipped protocol, pinned (issue 35): a refactor of the orchestration must leave
+each stage's identity as it was, or every finished run on a user's disk would read as changed and be refused.
+
+The digests in tests/fixtures/golden_identities.json were computed before the stage engine was written. An identity
+holds absolute paths (the repository, the installed MiniLM package, a temporary question folder); they are replaced
+by placeholders first, so the digests are the same on every machine. Upstream stages enter by name (their digests
+and run ids are values of a run, not of the configuration).
+
+Regenerate (only for a change that is *meant* to change identities, and say so in the commit):
+    SHIFTGEN_WRITE_GOLDEN=1 python -m pytest -m slow tests/test_golden_identities.py
+The fast suite checks a sample (`FAST_W2S` and every mixture experiment, first seed); `make test-slow` all.
+"""
+import glob
+import json
+import os
+import re
+import site
+import sys
+
+import pytest
+
+from protocols.stage_identity import digest, resolve_cli_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden_identities.json")
+W2S_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs/experiment/*.yaml"))
+                     + [p for p in glob.glob(os.path.join(ROOT, "configs/experiment/paper/*.yaml"))
+                        if not p.endswith("grid.yaml")])
+
+
+def _placeholders(text: str, extra: dict[str, str]) -> str:
+    prefixes = {**extra, ROOT: "<repo>", sys.prefix: "<venv>"}
+    for path in site.getsitepackages() + [site.getusersitepackages()]:
+        prefixes[path] = "<site-packages>"
+    for prefix, name in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(prefix, name)
+    return text
+
+
+def _normalised_digest(identity: dict, extra: dict[str, str] = {}) -> str:
+    return digest(json.loads(_placeholders(json.dumps(identity, sort_keys=True, default=str), extra)))
+
+
+def w2s_identities(path: str, first_seed_only: bool = False) -> dict[str, str]:
+    """`seed<k>/<stage>` -> digest of the stage's identity (upstream stages by name) for one W2S config."""
+    from protocols.w2s import _identity, parse, plan_stages, stage_key
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the configs name their files relative to the repository
+    try:
+        p = parse(["--config", path])
+        out = {}
+        for stage in plan_stages(p):
+            if first_seed_only and stage.seed != p.seeds[0]:
+                continue
+            stage.config = resolve_cli_config(stage.args + stage.location_args("fit"))
+            upstream = {name: {"identity": "<upstream>", "run": "<run>"} for name in stage.upstream}
+            out[stage_key(stage)] = _normalised_digest(_identity(stage, upstream), {p.out_dir: "<out_dir>"})
+        return out
+    finally:
+        os.chdir(cwd)
+
+
+def mixture_identities(name: str, tmp: str, seeds=(0, 1, 2)) -> dict[str, str]:
+    """`seed_<k>/<stage>` -> digest of each stage's identity for one mixture experiment."""
+    from protocols.mixture import EXPERIMENTS, identity_of, stage_args
+
+    exp = EXPERIMENTS[name]
+    question_dirs = None
+    if exp.question_fixtures:
+        from datamodules.triggers.question_fixtures import write_question_fixtures
+
+        question_dirs = write_question_fixtures(os.path.join(tmp, exp.family, "questions"))
+    out = {}
+    for seed in seeds:
+        for stage in exp.stages:
+            args = stage_args(stage, seed, [], question_dirs)
+            upstream = "<upstream run>" if stage.start else None
+            identity, _ = identity_of(stage, args, upstream, tmp)
+            out[f"seed_{seed}/{stage.name}"] = _normalised_digest(identity, {tmp: "<tmp>"})
+    return out
+
+
+# The fast pin's sample (about 0.3 s of parsing per stage): the demo, the 5-seed comparison's grid (every method
+# kind: sweeps, from_method, checkpoint choices, the teacher search), a paper config (hub ids), and every mixture
+# family.
+FAST_W2S = ["configs/experiment/w2s_demo.yaml", "configs/experiment/w2s_baselines.yaml",
+            "configs/experiment/paper/qwen_hh_helpful.yaml"]
+
+
+def all_identities(tmp: str, fast: bool = False) -> dict[str, dict[str, str]]:
+    from protocols.mixture import EXPERIMENTS
+
+    configs = [os.path.join(ROOT, c) for c in FAST_W2S] if fast else W2S_CONFIGS
+    out = {f"w2s:{os.path.relpath(p, ROOT)}": w2s_identities(p, first_seed_only=fast) for p in configs}
+    seeds = (0,) if fast else (0, 1, 2)
+    out.update({f"mixture:{name}": mixture_identities(name, tmp, seeds) for name in sorted(EXPERIMENTS)})
+    return out
+
+
+def _compare(measured: dict, golden: dict, subset: bool) -> None:
+    assert sorted(measured) == sorted(golden) or subset, "protocols added or removed: regenerate on purpose"
+    changed = {f"{proto} {key}" for proto in measured for key in measured[proto].keys() | (
+        set() if subset else golden[proto].keys()) if golden[proto].get(key) != measured[proto].get(key)}
+    assert not changed, f"{len(changed)} stage identities changed, e.g. {sorted(changed)[:5]}"
+
+
+def test_a_sample_of_shipped_protocols_keeps_its_stage_identities(tmp_path):
+    """The fast pin: the first seed of `FAST_W2S` and of every mixture experiment (the other seeds differ by their
+    seed only); `make test-slow` checks every stage of every protocol."""
+    measured = all_identities(str(tmp_path), fast=True)
+    _compare(measured, json.load(open(GOLDEN, encoding="utf-8")), subset=True)
+    assert sum(len(v) for v in measured.values()) > 50
+
+
+@pytest.mark.slow
+def test_every_shipped_stage_keeps_its_identity(tmp_path):
+    measured = all_identities(str(tmp_path))
+    if os.environ.get("SHIFTGEN_WRITE_GOLDEN"):
+        with open(GOLDEN, "w", encoding="utf-8") as f:
+            json.dump(measured, f, indent=1, sort_keys=True)
+            f.write("\n")
+        pytest.skip(f"wrote {GOLDEN}")
+    golden = json.load(open(GOLDEN, encoding="utf-8"))
+    _compare(measured, golden, subset=False)
+    assert sum(len(v) for v in golden.values()) > 600  # the pin covers the shipped grid, not a handful of stages
+
+
+def test_placeholders_make_the_digest_independent_of_where_the_repository_lies():
+    identity = {"data": {"files": {os.path.join(ROOT, "tokenizer/vocab.json"): "12 bytes sha256:ab"}}}
+    moved = {"data": {"files": {"/elsewhere/tokenizer/vocab.json": "12 bytes sha256:ab"}}}
+    assert _normalised_digest(identity) != digest(identity)
+    assert _normalised_digest(identity) == digest(json.loads(re.sub("/elsewhere", "<repo>", json.dumps(moved))))
