@@ -1,0 +1,61 @@
+"""A run finished by older code is reused whole by this code (issue 35: nothing a user has finished is lost).
+
+tests/fixtures/finished_run/ holds a tiny W2S run (teacher, naive, ANCHOR swept over two λ, WiSE-FT of its pick)
+finished by the commit named in its MADE_BY, before the stage engine; `tests/fixtures/make_finished_run.py` wrote it.
+Laid out again where it was made (a run cannot move: a stage's identity names its upstream stages by the digest of
+theirs, which holds absolute paths), with the same tokenizer, a rerun of its configuration must run no stage: every stage's
+result keeps its run id, and the republished table equals the one the old code published.
+"""
+import json
+import os
+import shutil
+
+from protocols.w2s import main as run_protocol
+from tests.fixtures.make_finished_run import ROOT, build_tokenizer, protocol
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "finished_run")
+
+
+def _lay_out(root: str) -> None:
+    for folder, _, files in os.walk(FIXTURE):
+        for name in files:
+            src = os.path.join(folder, name)
+            dst = os.path.join(root, os.path.relpath(src, FIXTURE))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(src, encoding="utf-8") as f:
+                text = f.read().replace("<ROOT>", root)
+            with open(dst, "w", encoding="utf-8") as f:
+                f.write(text)
+
+
+def _runs(out: str) -> dict[str, str]:
+    runs = {}
+    for stage in sorted(os.listdir(os.path.join(out, "seed0"))):
+        with open(os.path.join(out, "seed0", stage, "result.json")) as f:
+            runs[stage] = json.load(f)["run"]
+    return runs
+
+
+def test_a_run_finished_by_the_old_code_is_reused_with_no_stage_rerun():
+    root = ROOT
+    shutil.rmtree(root, ignore_errors=True)
+    _lay_out(root)
+    build_tokenizer(os.path.join(root, "tokenizer"))
+    out = os.path.join(root, "run")
+    before = _runs(out)
+    assert set(before) == {"teacher", "naive", "anchor@anchor_coef=1.0", "anchor@anchor_coef=10.0", "wise"}
+    old_table = open(os.path.join(out, "results", "results.md"), encoding="utf-8").read()
+    config = os.path.join(root, "protocol.json")
+    with open(config, "w") as f:
+        json.dump(protocol(root), f)
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the config names its files from the repository
+    try:
+        run_protocol(["--config", config])
+    finally:
+        os.chdir(cwd)
+    assert _runs(out) == before  # no stage ran: a rerun draws a new run id
+    assert not os.path.exists(os.path.join(out, "seed0", "naive", "fit"))  # no fit folder was made again
+    assert open(os.path.join(out, "results.md"), encoding="utf-8").read() == old_table
+    shutil.rmtree(root)
