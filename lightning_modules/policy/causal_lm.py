@@ -38,10 +38,14 @@ def build_causal_lm(
         return GPT2LMHeadModel(cfg)
     from transformers import AutoModelForCausalLM
 
+    from datamodules.tokenizers import resolve_pretrained
+
+    path = resolve_pretrained(backbone)  # "smollm2": the packaged model's converted directory (its own errors)
+
     try:
         # fp32 weights whatever the checkpoint's dtype (hub checkpoints are often bf16): the policy is fully
         # fine-tuned, and bf16-mixed keeps fp32 master weights only if they start in fp32
-        model = AutoModelForCausalLM.from_pretrained(backbone, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise OSError(
             f"--model.backbone {backbone!r} could not be loaded: {str(err)[:300]}\n"
