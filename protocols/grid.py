@@ -132,6 +132,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     counts: dict[str, int] = {}
     for config in grid.protocols:
         flags = protocol_args(grid, config)
+        print(f"\n## {config} (out_dir {w2s.parse(['--config', config, *grid.args]).out_dir})")  # whose table follows
         rows = w2s.main(["--config", config, "--status", *grid.args] if status else flags)
         if isinstance(rows, list):
             for r in rows:

@@ -463,7 +463,7 @@ def main(argv=None) -> int:
         if not args.collect:
             changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
         submitted = args.launcher == "slurm" and not args.collect and mixture_cluster.submit(
-            args.experiment, exp, stages, args.seeds, out, extra, force, opts, name)
+            args.experiment, exp, stages, args.seeds, out, extra, force, opts, name, command=command)
         if not submitted:
             if args.collect or args.launcher == "slurm":  # --collect, or every stage had finished: the report now
                 records = mixture_cluster.records_on_disk(exp, stages, args.seeds, out)
@@ -474,8 +474,10 @@ def main(argv=None) -> int:
                     records = {seed: job.result() for seed, job in jobs.items()}
             from protocols.mixture_report import write_report
 
-            md = write_report(os.path.join(out, exp.family), name, exp, stages, records, time.time() - start,
-                              command=command)
+            wall_s = time.time() - start
+            if args.collect:  # the collecting job: the submitting command and the time since, not its own call's
+                command, wall_s = mixture_cluster.collected_run(exp, out) or (command, wall_s)
+            md = write_report(os.path.join(out, exp.family), name, exp, stages, records, wall_s, command=command)
     if submitted:
         if args.wait:
             mixture_cluster.wait(exp, out)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from protocols import slurm
 from protocols.mixture import (
@@ -53,39 +54,106 @@ def records_on_disk(exp: Experiment, stages: list[Stage], seeds: list[int], out:
     return records
 
 
-def status(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, report: str) -> list[dict]:
+def _job_path(out: str, exp: Experiment, key: str) -> str:
+    return os.path.join(stage_folder(out, exp, key), "job.json")
+
+
+def _recorded_states(out: str, exp: Experiment, keys: list[str]) -> slurm.JobStates:
+    """The states of every recorded job of these stages (and the collecting job): one bounded `squeue`."""
+    jobs = [slurm.read_job(_job_path(out, exp, k)) for k in [*keys, COLLECT]]
+    return slurm.query_states([j["job_id"] for j in jobs if j])
+
+
+def _keys(stages: list[Stage], seeds: list[int]) -> list[str]:
+    return [f"seed_{seed}/{stage.name}" for seed in seeds for stage in stages]
+
+
+def status(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, report: str,
+           changed: Optional[Callable[[int, Stage, dict], list[str]]] = None) -> list[dict]:
+    """Each stage of each seed (and the collecting job) as done / queued / running / failed (with the recorded
+    error) / skipped / not started, with job id and the log when there is one; SLURM is asked once for every job.
+    `changed(seed, stage, record)`: what a rerun would refuse of a finished stage, shown as "changed (...)";
+    None: not checked."""
+    states = _recorded_states(out, exp, _keys(stages, seeds))
     rows = []
     for seed in seeds:
+        ended: dict[str, str] = {}
         for stage in stages:
             key = f"seed_{seed}/{stage.name}"
             rec = _read(record_path(out, exp, seed, stage.name)) or {}
-            job = slurm.read_job(os.path.join(stage_folder(out, exp, key), "job.json"))
-            state = slurm.state_of(job, rec.get("status") in ("done", "failed"))
-            if rec.get("status") == "failed":
+            job = slurm.read_job(_job_path(out, exp, key))
+            state = slurm.state_of(job, rec.get("status") in ("done", "failed"), states)
+            if state == "done" and rec.get("status") == "failed":
                 state = f"failed ({rec.get('error', '')[:80]})"
-            rows.append({"stage": key, "state": state, "job_id": (job or {}).get("job_id"),
-                         "log": (job or {}).get("log") or rec.get("log")})
-    published = os.path.isfile(os.path.join(family_dir(out, exp), f"{report}_results", "results.json"))
-    rows.append(slurm.collect_row(os.path.join(stage_folder(out, exp, COLLECT), "job.json"), published))
+            elif not rec and stage.start and state not in ("queued", "running") and ended[stage.start] != "done":
+                state = f"skipped (its start stage {stage.start!r} did not finish)"  # its job ran, or was cancelled
+            diff = changed(seed, stage, rec) if changed and state == "done" else []
+            if diff:
+                state = f"changed (a rerun refuses it: {diff[0][:100]}; --force {key} reruns it)"
+            ended[stage.name] = state
+            rows.append(slurm.job_row(key, job, state, states, log=rec.get("log")))
+    table = os.path.join(family_dir(out, exp), f"{report}_results", "results.json")
+    rows.append(slurm.collect_row(_job_path(out, exp, COLLECT), table, states))
     return rows
 
 
 def submit(exp_name: str, exp: Experiment, stages: list[Stage], seeds: list[int], out: str, extra: dict,
-           force: ForceSpec, opts: slurm.SlurmOptions, report: str) -> bool:
+           force: ForceSpec, opts: slurm.SlurmOptions, report: str, command: Optional[str] = None) -> bool:
     """Every unfinished (or forced) stage of every seed as a job after its start stage's job, then the collecting
     job; False when every stage had finished (nothing submitted). The caller holds the family folder's lock and has
-    refused finished stages whose configuration or data changed (`changed_stages`). A finished stage whose start
-    stage runs again is refused here, as a local run refuses it once the start stage ran, unless that start stage
-    was forced (then it follows)."""
+    refused finished stages whose configuration or data changed (`changed_stages`). Before anything is submitted:
+    SLURM answers and the time limits fit the partition (`slurm.check_cluster`), and a finished stage whose start
+    stage runs again is refused, as a local run refuses it once the start stage ran, unless that start stage was
+    forced (then it follows). A refusal partway cancels what this call submitted (`slurm.Submission`). `command`:
+    the submitting command, recorded for the report (default: an equivalent one)."""
+    to_run = any(finished_record(record_path(out, exp, seed, s.name)) is None or force.forces(s.name, seed)
+                 for seed in seeds for s in stages)
+    if to_run:  # a run finished on disk needs no SLURM: its report is written here
+        slurm.check_cluster(opts)
+    states = _recorded_states(out, exp, _keys(stages, seeds))
+    if states.unreachable and to_run:
+        raise RuntimeError(f"--launcher slurm: SLURM could not be reached, nothing was submitted: {states.unreachable}")
+    plan = _plan(exp, stages, seeds, out, force, states)
+    jobs: dict[tuple[int, str], str] = {k: job for k, (action, job) in plan.items() if action == "in_flight"}
+    if not jobs and all(action == "reuse" for action, _ in plan.values()):
+        return False
+    base = [opts.python or sys.executable, "-m", "protocols.mixture", exp_name, "--out", out, "--report", report,
+            "--stages", *[s.name for s in stages]]
+    base += [f"--set={a}" for a in extra.get("rl", [])] + [f"--sft-set={a}" for a in extra.get("sft", [])]
+    logs = os.path.join(family_dir(out, exp), "logs")
+    name = f"mixture:{os.path.basename(out)}:{exp_name}"  # as W2S jobs: which out folder, then which stage
+    with slurm.Submission() as sub:
+        for seed in seeds:
+            for stage in stages:
+                action, _ = plan[seed, stage.name]
+                if action not in ("run", "rerun"):
+                    continue
+                key = f"seed_{seed}/{stage.name}"
+                after = [jobs[seed, stage.start]] if stage.start and (seed, stage.start) in jobs else []
+                rerun = ["--force", key] if action == "rerun" else []
+                jobs[seed, stage.name] = slurm.submit_stage_job(
+                    sub, stage_folder(out, exp, key), logs, key, f"{name}:{key}",
+                    base + ["--seeds", str(seed), "--stage", stage.name, *rerun], opts, {"afterok": after})
+        submitting = command or " ".join(["python -m protocols.mixture", *base[3:], "--seeds", *map(str, seeds),
+                                          "--launcher", "slurm"])
+        slurm.submit_collect(sub, stage_folder(out, exp, COLLECT), logs, f"{name}:{COLLECT}",
+                             base + ["--seeds", *map(str, seeds), "--collect"], opts,
+                             {"afterany": sorted(set(jobs.values()))}, states, extra={"command": submitting})
+    return True
+
+
+def _plan(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, force: ForceSpec,
+          states: slurm.JobStates) -> dict[tuple[int, str], tuple[str, Optional[str]]]:
+    """(seed, stage) -> ("reuse" | "in_flight" | "run" | "rerun", job id); refuses a finished stage whose start
+    stage runs again without being forced."""
     from protocols.stage_identity import refusal
 
-    plan: dict[tuple[int, str], tuple[str, Optional[str]]] = {}  # -> ("reuse" | "in_flight" | "run" | "rerun", job)
+    plan: dict[tuple[int, str], tuple[str, Optional[str]]] = {}
     stale = []
     for seed in seeds:
         for stage in stages:
-            key = f"seed_{seed}/{stage.name}"
-            job = slurm.read_job(os.path.join(stage_folder(out, exp, key), "job.json"))
-            if job and slurm.job_state(job["job_id"]) in slurm.IN_FLIGHT:
+            job = slurm.read_job(_job_path(out, exp, f"seed_{seed}/{stage.name}"))
+            if job and states.of(job["job_id"]) in slurm.IN_FLIGHT:
                 plan[seed, stage.name] = ("in_flight", job["job_id"])
                 continue
             start = plan.get((seed, stage.start), ("reuse", None))[0] if stage.start else "reuse"
@@ -101,33 +169,19 @@ def submit(exp_name: str, exp: Experiment, stages: list[Stage], seeds: list[int]
                 plan[seed, stage.name] = ("reuse", None)
     if stale:
         raise refusal(stale)
+    return plan
 
-    python = opts.python or sys.executable
-    base = [python, "-m", "protocols.mixture", exp_name, "--out", out, "--report", report,
-            "--stages", *[s.name for s in stages]]
-    base += [f"--set={a}" for a in extra.get("rl", [])] + [f"--sft-set={a}" for a in extra.get("sft", [])]
-    logs = os.path.join(family_dir(out, exp), "logs")
-    jobs: dict[tuple[int, str], str] = {k: job for k, (action, job) in plan.items() if action == "in_flight"}
-    for seed in seeds:
-        for stage in stages:
-            action, _ = plan[seed, stage.name]
-            if action not in ("run", "rerun"):
-                continue
-            key = f"seed_{seed}/{stage.name}"
-            after = [jobs[seed, stage.start]] if stage.start and (seed, stage.start) in jobs else []
-            rerun = ["--force", key] if action == "rerun" else []
-            jobs[seed, stage.name] = slurm.submit_stage_job(
-                stage_folder(out, exp, key), logs, key, f"mixture:{exp_name}:{key}",
-                base + ["--seeds", str(seed), "--stage", stage.name, *rerun], opts, after)
-    if not jobs:
-        return False
-    slurm.submit_stage_job(stage_folder(out, exp, COLLECT), logs, COLLECT, f"mixture:{exp_name}:collect",
-                           base + ["--seeds", *map(str, seeds), "--collect"], opts, sorted(set(jobs.values())),
-                           collect=True, dependency="afterany")
-    return True
+
+def collected_run(exp: Experiment, out: str) -> Optional[tuple[str, float]]:
+    """(the submitting command, seconds from that submission to now) when this process is the collecting job
+    recorded for `out` (SLURM_JOB_ID), else None. The report that job writes then says what was submitted and how
+    long the run took from submission to table, as a local run's report does, not its own `--collect` call."""
+    job = slurm.read_job(_job_path(out, exp, COLLECT))
+    if not job or os.environ.get("SLURM_JOB_ID") != str(job["job_id"]) or not job.get("command"):
+        return None
+    return job["command"], time.time() - job["submitted"]
 
 
 def wait(exp: Experiment, out: str) -> None:
     """Until the last submission's jobs (its collecting job last) are done."""
-    collect_job = slurm.read_job(os.path.join(stage_folder(out, exp, COLLECT), "job.json"))["job_id"]
-    slurm.wait_for([collect_job])
+    slurm.wait_for([slurm.read_job(_job_path(out, exp, COLLECT))["job_id"]])

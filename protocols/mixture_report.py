@@ -147,15 +147,26 @@ def _num(v, digits: int) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
 
 
+def stage_run_seconds(records: dict[int, dict]) -> float:
+    """The summed wall time of every stage run behind the report (each record's `wall_s`): what the stages cost
+    wherever they ran, which the report's own wall time is not when it is collected from jobs or reuses stages."""
+    return round(sum(r.get("wall_s") or 0.0 for recs in records.values() for r in recs.values()), 1)
+
+
 def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dict], wall_s: float,
                  command: str) -> str:
     """`<family_dir>/<name>_results.md` and `.json`, published as one set (`<name>_results/`, the two names link into
-    it: `run_files.publish_set`); returns the Markdown path."""
+    it: `run_files.publish_set`); returns the Markdown path. `wall_s` and `command`: the run's, from its command to
+    this report (a SLURM run's collecting job passes the submitting command and the time since submission:
+    `mixture_cluster.collected_run`)."""
     seeds = sorted(records)
+    runs_s = stage_run_seconds(records)
     md = [f"# {name}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})", "",
-          exp.summary, "", f"Command: `{command}` — wall time {wall_s / 60:.1f} min.", "",
+          exp.summary, "", f"Command: `{command}` — wall time {wall_s / 60:.1f} min; the stages' runs took "
+          f"{runs_s / 60:.1f} min in all (a reused stage counts its first run).", "",
           "Cells: mean ± std over seeds (sample std), then the per-seed values in seed order.", ""]
-    out = {"experiment": name, "family": exp.family, "seeds": seeds, "wall_s": wall_s, "command": command, "stages": {}}
+    out = {"experiment": name, "family": exp.family, "seeds": seeds, "wall_s": wall_s, "stage_runs_s": runs_s,
+           "command": command, "stages": {}}
     for stage in stages:
         per_seed = {s: records[s][stage.name] for s in seeds}
         out["stages"][stage.name] = {"title": stage.title, "records": per_seed}

@@ -7,23 +7,30 @@ code as a local run. A last job (`--collect`) depends on every stage job and pub
 
 Jobs are submitted with `sbatch` rather than submitit: the job script is a plain file a user can read and resubmit
 by hand (like a stage's `commands.sh`), nothing is pickled across environments (the job re-parses the same config,
-so a changed config is noticed, not run), and job states come from `squeue` / `scontrol` — submitit reads them
-through `sacct`, which needs an accounting database many clusters (and our test cluster) do not run, and without it
-a cancelled job never reads as done. Each submitted job is recorded in `<out_dir>/.stages/<stage>/job.json`.
+so a changed config is noticed, not run), and job states come from `squeue` — submitit reads them through `sacct`,
+which needs an accounting database many clusters (and our test cluster) do not run, and without it a cancelled job
+never reads as done. Each submitted job is recorded in `<out_dir>/.stages/<stage>/job.json`.
+
+Every call to SLURM is bounded (`QUERY_TIMEOUT_S`): an unreachable controller makes its clients retry for a long
+time, and `--status` must answer, saying SLURM could not be reached, rather than hang or call running jobs failed.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from datamodules.atomic_files import atomic_write_json
+from datamodules.atomic_files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: the jobs import from it
+QUERY_TIMEOUT_S = 5.0  # one squeue / scontrol answer; a client that cannot reach the controller retries ~10 s
+SUBMIT_TIMEOUT_S = 60.0  # one sbatch: the controller answered the check just before, so this is a slow one
 
 
 @dataclass
@@ -31,15 +38,16 @@ class SlurmOptions:
     """Resources and site settings of the stage jobs (`--slurm.*`).
 
     Args:
-        partition: `--partition` (empty: the cluster's default).
+        partition: `--partition` (empty: the cluster's default; a comma list: any of them).
         nodes: nodes per stage; > 1 runs Lightning DDP across nodes through its SLURM environment (the stage's
             trainer gets `--trainer.num_nodes`, `--trainer.devices` = `ntasks_per_node`, `--trainer.strategy ddp`).
         gpus_per_node: GPUs per node (`--gpus-per-node`; 0: none asked).
         ntasks_per_node: processes per node, one per device (default: `gpus_per_node`, at least 1).
         cpus_per_task: CPU cores per process (`OMP_NUM_THREADS` follows it).
         mem: memory per node (`--mem`, e.g. "64G"; empty: the partition's default).
-        time: wall-time limit per stage job (`--time`, e.g. "04:00:00").
-        collect_time: wall-time limit of the collecting job.
+        time: wall-time limit per stage job (`--time`, e.g. "04:00:00"; empty: the partition's default time). Checked
+            against the partition's MaxTime before anything is submitted.
+        collect_time: wall-time limit of the collecting job (empty: the partition's default time).
         account: `--account` (empty: none).
         qos: `--qos` (empty: none).
         extra: more `sbatch` flags, as given (e.g. ["--constraint=a100", "--exclusive"]).
@@ -54,8 +62,8 @@ class SlurmOptions:
     ntasks_per_node: Optional[int] = None
     cpus_per_task: int = 1
     mem: str = ""
-    time: str = "04:00:00"
-    collect_time: str = "00:30:00"
+    time: str = ""  # no limit of ours: a fixed default (it was 4 h) is refused by partitions with a shorter MaxTime
+    collect_time: str = ""
     account: str = ""
     qos: str = ""
     extra: list[str] = field(default_factory=list)
@@ -75,6 +83,12 @@ class SlurmOptions:
         if self.gpus_per_node and self.ntasks_per_node != self.gpus_per_node:
             raise ValueError(f"--slurm.ntasks_per_node ({self.ntasks_per_node}) must equal --slurm.gpus_per_node "
                              f"({self.gpus_per_node}): Lightning runs one process per device")
+        for flag in ("time", "collect_time"):
+            setattr(self, flag, str(getattr(self, flag) or "").strip())  # a YAML `time:` with no value is None
+            if getattr(self, flag) and minutes(getattr(self, flag)) is None:
+                raise ValueError(f"--slurm.{flag} {getattr(self, flag)!r} is no SLURM time limit: give minutes, "
+                                 "[HH:]MM:SS or D-HH[:MM[:SS]], e.g. 00:20:00, or leave it empty for the "
+                                 "partition's default")
 
     @property
     def world_size(self) -> int:
@@ -89,7 +103,8 @@ class SlurmOptions:
 
     def sbatch_flags(self, collect: bool = False) -> list[str]:
         """The job's resources: a stage gets the nodes and tasks; the collecting job one task of one core."""
-        flags = [f"--time={self.collect_time if collect else self.time}"]
+        limit = self.collect_time if collect else self.time
+        flags = [f"--time={limit}"] if limit else []
         if not collect:
             flags += [f"--nodes={self.nodes}", f"--ntasks-per-node={self.ntasks_per_node}",
                       f"--cpus-per-task={self.cpus_per_task}"]
@@ -105,9 +120,140 @@ class SlurmOptions:
         return flags + list(self.extra)
 
 
+def minutes(limit: str) -> Optional[float]:
+    """A SLURM time limit in minutes ("30", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"); infinity for
+    UNLIMITED / INFINITE; None when it is no time limit."""
+    limit = limit.strip()
+    if limit.upper() in ("UNLIMITED", "INFINITE"):
+        return float("inf")
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit)
+    if not match:
+        return None
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        parts = [int(days) * 24 + int(a), int(b or 0), int(c or 0)]
+    elif c is not None:  # HH:MM:SS
+        parts = [int(a), int(b), int(c)]
+    elif b is not None:  # MM:SS
+        parts = [0, int(a), int(b)]
+    else:  # minutes
+        parts = [0, int(a), 0]
+    return parts[0] * 60 + parts[1] + parts[2] / 60
+
+
+# ---- bounded calls to SLURM ----------------------------------------------------------------------------------------
+class SlurmUnreachable(RuntimeError):
+    """SLURM's client commands are missing, or its controller did not answer."""
+
+
+_NO_CONTROLLER = ("Unable to contact slurm controller", "Connection refused", "Socket timed out",
+                  "Communication connection failure", "Zero Bytes were transmitted")
+
+
+def _client(cmd: list[str], timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run one SLURM client command, at most `timeout` seconds; SlurmUnreachable when SLURM cannot answer."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmUnreachable(f"`{cmd[0]}` is not on PATH (run where SLURM's client commands are, or use "
+                               "--launcher local)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmUnreachable(f"`{' '.join(cmd[:3])} ...` had no answer in {timeout:.0f} s (is the controller up? "
+                               f"SLURM_CONF={os.environ.get('SLURM_CONF', '(unset)')})") from None
+    if out.returncode != 0 and any(s in out.stderr for s in _NO_CONTROLLER):
+        raise SlurmUnreachable(f"{out.stderr.strip()} (SLURM_CONF={os.environ.get('SLURM_CONF', '(unset)')})")
+    return out
+
+
+@dataclass
+class JobStates:
+    """What one `squeue` call said of a set of jobs: their states (the jobs SLURM still remembers: queued, running,
+    and ended ones for `MinJobAge` seconds), or why SLURM could not be asked."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    unreachable: str = ""
+
+    def of(self, job_id: str) -> Optional[str]:
+        """PENDING / RUNNING / COMPLETED / FAILED / CANCELLED / ...; None when SLURM no longer knows the job (it
+        ended more than MinJobAge seconds ago) or could not be asked."""
+        return self.states.get(str(job_id))
+
+
+def query_states(job_ids) -> JobStates:
+    """The states of every job in one bounded `squeue -t all -j id,id,...` (`-t all` keeps the ended jobs SLURM
+    still remembers, which `scontrol show job` would give one by one)."""
+    ids = sorted({str(j) for j in job_ids if j}, key=lambda j: (len(j), j))
+    if not ids:
+        return JobStates()
+    try:
+        out = _client(["squeue", "-h", "-t", "all", "-o", "%i %T", "-j", ",".join(ids)])
+    except SlurmUnreachable as err:
+        return JobStates(unreachable=str(err))
+    if out.returncode != 0:
+        if "Invalid job id" in out.stderr:  # every id asked is one SLURM forgot (or never had)
+            return JobStates()
+        return JobStates(unreachable=out.stderr.strip() or f"squeue exit code {out.returncode}")
+    states = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return JobStates(states)
+
+
+def partition_limits() -> dict[str, dict]:
+    """{partition: {"max_minutes": float (inf: unlimited), "default": bool}} from one bounded `scontrol show
+    partition`; SlurmUnreachable when SLURM cannot answer."""
+    out = _client(["scontrol", "-o", "show", "partition"])
+    if out.returncode != 0:
+        raise SlurmUnreachable(out.stderr.strip() or f"scontrol show partition: exit code {out.returncode}")
+    found = {}
+    for line in out.stdout.splitlines():
+        fields = dict(t.split("=", 1) for t in line.split() if "=" in t)
+        if "PartitionName" in fields:
+            cap = minutes(fields.get("MaxTime", "UNLIMITED"))
+            found[fields["PartitionName"]] = {"max_minutes": float("inf") if cap is None else cap,  # unreadable: no
+                                              "default": fields.get("Default") == "YES"}  # refusal of ours
+    return found
+
+
+def check_cluster(opts: SlurmOptions) -> None:
+    """Before anything is written or submitted: SLURM answers, the partition exists, and each time limit asked fits
+    its MaxTime (a partition refuses a job over it, or, without `EnforcePartLimits`, leaves it pending forever)."""
+    try:
+        parts = partition_limits()
+    except SlurmUnreachable as err:
+        raise RuntimeError(f"--launcher slurm: SLURM could not be reached, nothing was submitted: {err}") from None
+    asked = [p for p in opts.partition.split(",") if p] or [p for p, v in parts.items() if v["default"]]
+    unknown = [p for p in asked if p not in parts]
+    if unknown or not asked:
+        raise RuntimeError(f"--slurm.partition {opts.partition!r}: " + (f"no partition {unknown}" if unknown else
+                           "the cluster has no default partition") + f"; this cluster has {sorted(parts)}")
+    for flag in ("time", "collect_time"):
+        limit = getattr(opts, flag)
+        if not limit:
+            continue
+        if all(minutes(limit) > parts[p]["max_minutes"] for p in asked):  # a list: it may run in any of them
+            caps = ", ".join(f"{p} ({_hms(parts[p]['max_minutes'])})" for p in asked)
+            raise RuntimeError(
+                f"--slurm.{flag} {limit} is over the MaxTime of partition {caps}: nothing was submitted. Give "
+                f"--slurm.{flag} within it (or leave it empty for the partition's default), or a partition that "
+                f"allows it with --slurm.partition (this cluster: "
+                + ", ".join(f"{p} {_hms(v['max_minutes'])}" for p, v in sorted(parts.items())) + ")")
+
+
+def _hms(mins: float) -> str:
+    if mins == float("inf"):
+        return "UNLIMITED"
+    secs = round(mins * 60)
+    return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+
 # ---- jobs ------------------------------------------------------------------------------------------------------
 COLLECT = "collect"  # the status row and job folder of a protocol's collecting job
-IN_FLIGHT = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
+IN_FLIGHT = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT",
+             "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SIGNALING", "STOPPED"}
+UNREACHABLE = "unknown (SLURM unreachable)"
 
 
 def job_script(command: list[str], cwd: str, opts: SlurmOptions, srun: bool) -> str:
@@ -121,46 +267,11 @@ def job_script(command: list[str], cwd: str, opts: SlurmOptions, srun: bool) -> 
     return "\n".join(lines) + "\n"
 
 
-def submit(script: str, script_path: str, name: str, log: str, flags: list[str], after: list[str],
-           dependency: str = "afterok") -> str:
-    """`sbatch` the script (written to `script_path`) once every job of `after` succeeded (`afterok`) or ended in any
-    way (`afterany`); returns its job id."""
-    os.makedirs(os.path.dirname(script_path), exist_ok=True)
-    os.makedirs(os.path.dirname(log), exist_ok=True)
-    with open(script_path, "w") as f:
-        f.write(script)
-    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", *flags]
-    if after:
-        cmd += [f"--dependency={dependency}:{':'.join(after)}", "--kill-on-invalid-dep=yes"]
-    try:
-        out = subprocess.run(cmd + [script_path], capture_output=True, text=True, check=True, timeout=120)
-    except FileNotFoundError:
-        raise RuntimeError("--launcher slurm: `sbatch` is not on PATH (run where SLURM's client commands are, or "
-                           "use --launcher local)") from None
-    except subprocess.CalledProcessError as err:
-        raise RuntimeError(f"sbatch refused the job {name!r}: {err.stderr.strip() or err.stdout.strip()}\n"
-                           f"command: {' '.join(shlex.quote(c) for c in cmd + [script_path])}") from None
-    return out.stdout.strip().split(";")[0]
-
-
-def job_state(job_id: str) -> str:
-    """PENDING / RUNNING / COMPLETED / FAILED / CANCELLED / TIMEOUT / ... of a job, from `squeue` (queued and
-    running jobs) or `scontrol show job` (finished ones, for `MinJobAge` seconds); UNKNOWN once SLURM forgot it."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.split()[0]
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=60)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return "UNKNOWN"
-    for token in out.stdout.split():
-        if token.startswith("JobState="):
-            return token.split("=", 1)[1]
-    return "UNKNOWN"
-
-
-def record_job(path: str, job_id: str, log: str, script: str) -> None:
-    atomic_write_json({"job_id": job_id, "log": log, "script": script, "submitted": time.time()}, path)
+def dependency_flags(after: dict[str, list[str]]) -> list[str]:
+    """`--dependency=afterok:1:2,afterany:3` (every condition must hold) and `--kill-on-invalid-dep=yes`, so a job
+    whose upstream failed is cancelled instead of pending forever; none without dependencies."""
+    conds = [f"{kind}:{':'.join(ids)}" for kind, ids in after.items() if ids]
+    return [f"--dependency={','.join(conds)}", "--kill-on-invalid-dep=yes"] if conds else []
 
 
 def read_job(path: str) -> Optional[dict]:
@@ -171,51 +282,209 @@ def read_job(path: str) -> Optional[dict]:
         return None
 
 
-def wait_for(job_ids: list[str], timeout: float = 3600.0, poll: float = 2.0) -> dict[str, str]:
-    """Block until none of the jobs is queued or running (tests and `--wait`); returns their final states."""
-    deadline = time.time() + timeout
-    while True:
-        states = {j: job_state(j) for j in job_ids}
-        if not any(s in IN_FLIGHT for s in states.values()):
-            return states
-        if time.time() > deadline:
-            raise TimeoutError(f"jobs still in flight after {timeout:.0f} s: {states}")
-        time.sleep(poll)
+class Submission:
+    """The jobs and files of one submitting call, undone together when it fails partway: its jobs are cancelled
+    (one `scancel`), the files it wrote get their old content (and time) back, the folders it made go. Without
+    this a refusal of the collecting job left the stage jobs queued with no job to write the table."""
+
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+        self.logs: list[str] = []
+        self._files: list[tuple[str, Optional[tuple[bytes, float, float]]]] = []  # path, (old bytes, atime, mtime)
+        self._dirs: list[str] = []
+
+    def makedirs(self, folder: str) -> None:
+        missing = []
+        while folder and not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for d in reversed(missing):
+            os.makedirs(d, exist_ok=True)
+            self._dirs.append(d)
+
+    def write(self, path: str, text: str) -> None:
+        self.makedirs(os.path.dirname(path))
+        old = None
+        if os.path.isfile(path):
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                old = (f.read(), st.st_atime, st.st_mtime)
+        self._files.append((path, old))
+        atomic_write(path, text)
+
+    def __enter__(self) -> "Submission":
+        return self
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if err is None:
+            return False
+        note = self._undo()
+        if isinstance(err, Exception):
+            raise RuntimeError(f"{err}\n{note}") from err
+        print(note, file=sys.stderr)  # KeyboardInterrupt / SystemExit: undone, then let it through
+        return False
+
+    def _undo(self) -> str:
+        cancelled = ""
+        if self.jobs:
+            try:
+                out = _client(["scancel", *self.jobs])
+                cancelled = "" if out.returncode == 0 else out.stderr.strip() or f"exit code {out.returncode}"
+            except SlurmUnreachable as err:
+                cancelled = str(err)
+        for path, old in reversed(self._files):
+            if old is None:
+                _remove(path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(old[0])
+                os.utime(path, (old[1], old[2]))  # the record's time says which table is newer (collect_row)
+        for log in self.logs:
+            _remove(log)  # a job that started before its scancel
+        for d in reversed(self._dirs):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass  # not empty: something else wrote there meanwhile
+        ids = " ".join(self.jobs)
+        if not self.jobs:
+            return "Nothing was submitted; the files this submission wrote were removed."
+        if cancelled:
+            return (f"These {len(self.jobs)} job(s) of this submission may stay queued (scancel failed: {cancelled}); "
+                    f"cancel them with: scancel {ids}")
+        return (f"Cancelled the {len(self.jobs)} job(s) this submission had queued (scancel {ids}) and removed the "
+                "files it wrote: nothing of it stays queued.")
 
 
-def submit_stage_job(folder: str, log_dir: str, key: str, name: str, command: list[str], opts: SlurmOptions,
-                     after: list[str], collect: bool = False, dependency: str = "afterok") -> str:
-    """Submit one protocol job (a stage under `srun`, or the collecting job) and record it in `<folder>/job.json`,
-    its script in `<folder>/job.sh`, its log in `<log_dir>/<key>-<job id>.out`."""
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def sbatch(script_path: str, name: str, log: str, flags: list[str]) -> str:
+    """`sbatch` the script; returns its job id."""
+    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", *flags, script_path]
+    shown = " ".join(shlex.quote(c) for c in cmd)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=SUBMIT_TIMEOUT_S)
+    except FileNotFoundError:
+        raise RuntimeError("--launcher slurm: `sbatch` is not on PATH (run where SLURM's client commands are, or "
+                           "use --launcher local)") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"sbatch had no answer in {SUBMIT_TIMEOUT_S:.0f} s for the job {name!r}; it may have been "
+                           f"queued all the same (squeue -n {shlex.quote(name)})\ncommand: {shown}") from None
+    except subprocess.CalledProcessError as err:
+        raise RuntimeError(f"sbatch refused the job {name!r}: {err.stderr.strip() or err.stdout.strip()}\n"
+                           f"command: {shown}") from None
+    return out.stdout.strip().split(";")[0]
+
+
+def submit_stage_job(sub: Submission, folder: str, log_dir: str, key: str, name: str, command: list[str],
+                     opts: SlurmOptions, after: dict[str, list[str]], collect: bool = False,
+                     extra: Optional[dict] = None) -> str:
+    """Submit one protocol job (a stage under `srun`, or the collecting job) after the jobs of `after`
+    ({"afterok": ids, "afterany": ids}) and record it in `<folder>/job.json` (with `extra` fields), its script in
+    `<folder>/job.sh`, its log in `<log_dir>/<key>-<job id>.out`."""
     log = os.path.join(log_dir, key.replace("/", "-") + "-%j.out")
     script = os.path.join(folder, "job.sh")
-    job_id = submit(job_script(command, os.getcwd(), opts, srun=not collect), script, name, log,
-                    opts.sbatch_flags(collect=collect), after, dependency)
-    record_job(os.path.join(folder, "job.json"), job_id, log.replace("%j", job_id), script)
+    sub.makedirs(log_dir)  # before sbatch: the job may start at once, and SLURM opens its log there
+    sub.write(script, job_script(command, os.getcwd(), opts, srun=not collect))
+    job_id = sbatch(script, name, log, opts.sbatch_flags(collect=collect) + dependency_flags(after))
+    sub.jobs.append(job_id)
+    sub.logs.append(log.replace("%j", job_id))
+    record = {"job_id": job_id, "log": log.replace("%j", job_id), "script": script, "submitted": time.time(),
+              **(extra or {})}
+    sub.write(os.path.join(folder, "job.json"), json.dumps(record, indent=2) + "\n")
     return job_id
 
 
-def state_of(job: Optional[dict], finished: bool) -> str:
-    """A stage's state for `--status`: done when its result is there, else its job's (queued / running / failed)."""
+def submit_collect(sub: Submission, folder: str, log_dir: str, name: str, command: list[str], opts: SlurmOptions,
+                   after: dict[str, list[str]], states: JobStates, extra: Optional[dict] = None) -> str:
+    """The collecting job, one per out_dir. A collecting job of an earlier submission still in flight is followed
+    (`afterany`: the two never hold the out_dir's lock at once), and cancelled when it is still queued: the new one
+    runs the latest submission's command after every job in flight, so resubmitting while jobs wait leaves one
+    collecting job, not an orphan racing the recorded one. The old one is cancelled only once the new one is
+    queued: a refusal in between leaves it as it was."""
+    old = read_job(os.path.join(folder, "job.json"))
+    old_state = states.of(old["job_id"]) if old else None
+    follow = [old["job_id"]] if old_state in IN_FLIGHT else []
+    after = {**after, "afterany": sorted({*after.get("afterany", []), *follow})}
+    job_id = submit_stage_job(sub, folder, log_dir, COLLECT, name, command, opts, after, collect=True, extra=extra)
+    if old_state == "PENDING":  # a failure here undoes nothing: the new one waits for the old one either way
+        try:
+            out = _client(["scancel", old["job_id"]])
+            why = out.stderr.strip() if out.returncode != 0 else ""
+        except SlurmUnreachable as err:
+            why = str(err)
+        if why:
+            print(f"warning: could not cancel the earlier collecting job {old['job_id']} ({why}); the new one "
+                  f"({job_id}) runs after it", file=sys.stderr)
+    return job_id
+
+
+def wait_for(job_ids: list[str], timeout: float = 3600.0, poll: float = 2.0) -> dict[str, str]:
+    """Block until none of the jobs is queued or running (tests and `--wait`): one `squeue` per poll; returns their
+    final states (UNKNOWN: SLURM forgot the job). An unreachable SLURM is waited out until `timeout`."""
+    deadline = time.time() + timeout
+    while True:
+        answer = query_states(job_ids)
+        states = {j: answer.of(j) or "UNKNOWN" for j in job_ids}
+        if not answer.unreachable and not any(s in IN_FLIGHT for s in states.values()):
+            return states
+        if time.time() > deadline:
+            raise TimeoutError(f"jobs still in flight after {timeout:.0f} s: "
+                               f"{answer.unreachable or states}")
+        time.sleep(poll)
+
+
+# ---- --status ---------------------------------------------------------------------------------------------------
+def state_of(job: Optional[dict], finished: bool, states: JobStates) -> str:
+    """A row's state for `--status`. A job still queued or running comes first (a stage finished on disk with a job
+    in flight is being run again, a table with one is being rewritten); then what is on disk: done whatever SLURM
+    remembers; then the job's end (failed with SLURM's state, or forgotten), or "unknown" when SLURM could not be
+    asked."""
+    state = states.of(job["job_id"]) if job else None
+    if state in IN_FLIGHT:
+        return "queued" if state == "PENDING" else "running"
     if finished:
         return "done"
     if not job:
         return "not started"
-    state = job_state(job["job_id"])
-    if state == "PENDING":
-        return "queued"
-    if state in IN_FLIGHT:
-        return "running"
+    if states.unreachable:
+        return UNREACHABLE
+    if state is None:
+        return f"failed (job {job['job_id']} ended without a result; SLURM no longer remembers how)"
     return "failed (COMPLETED without a result)" if state == "COMPLETED" else f"failed ({state})"
 
 
-def collect_row(job_path: str, published: bool) -> dict:
-    """The status row of a protocol's collecting job: done when the table is published and no newer collecting job
-    is still to run (or the table was written without a job), else its job's state."""
+def job_row(key: str, job: Optional[dict], state: str, states: JobStates, log: Optional[str] = None) -> dict:
+    """A status row; its log is the job's, else `log` (the stage's own), and only a file that exists (a job that
+    never ran has none)."""
+    logs = [path for path in ((job or {}).get("log"), log) if path and os.path.isfile(path)]
+    row = {"stage": key, "state": state, "job_id": (job or {}).get("job_id"), "log": logs[0] if logs else None}
+    if state == UNREACHABLE:
+        row["note"] = states.unreachable
+    return row
+
+
+def collect_row(job_path: str, table_path: str, states: JobStates) -> dict:
+    """The status row of a protocol's collecting job: done when the table on disk is newer than the recorded job
+    (that job, or a local run after it, wrote it), whatever SLURM remembers, unless that job is still queued or
+    running; an older table is a previous run's, and the row is the recorded job's end. Both times are the file
+    system's own (mtimes), so clocks of other hosts do not matter."""
     job = read_job(job_path)
-    finished = published and (not job or job_state(job["job_id"]) == "COMPLETED")
-    return {"stage": COLLECT, "state": state_of(job, finished), "job_id": (job or {}).get("job_id"),
-            "log": (job or {}).get("log")}
+    table = _mtime(table_path)
+    finished = table is not None and (job is None or table >= (_mtime(job_path) or 0.0))
+    return job_row(COLLECT, job, state_of(job, finished, states), states)
+
+
+def _mtime(path: str) -> Optional[float]:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def status_table(rows: list[dict]) -> str:
@@ -227,13 +496,17 @@ def status_table(rows: list[dict]) -> str:
 
 
 def print_status(rows: list[dict]) -> None:
-    """The status table, then a count per state."""
+    """The status table, a count per state, and a line saying so when SLURM could not be reached."""
     print(status_table(rows))
     counts: dict[str, int] = {}
     for r in rows:
         state = r["state"].split(" (")[0]
         counts[state] = counts.get(state, 0) + 1
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    unknown = [r for r in rows if r["state"] == UNREACHABLE]
+    if unknown:
+        print(f"SLURM unreachable: the state of {len(unknown)} job(s) is unknown ({unknown[0]['note']}); what is "
+              "finished on disk reads as done. Check SLURM_CONF and `scontrol ping`, then ask --status again.")
 
 
 def add_slurm_arguments(parser) -> None:

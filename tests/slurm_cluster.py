@@ -4,7 +4,12 @@ submitting user). `python tests/slurm_cluster.py up DIR` / `down DIR` start and 
 
 The settings that make one machine a cluster (FIELD-NOTES): munged as the munge user with a socket in a folder
 whose parents are o+x; slurmctld and slurmd as root with `proctrack/linuxproc`, `task/none`, no accounting
-(`--status` reads states from squeue / scontrol, kept `MinJobAge` seconds), one node with the machine's cores.
+(`--status` reads states from squeue, kept `MinJobAge` seconds), one node with the machine's cores, on free ports.
+
+It is set up like a site's cluster rather than a textbook one, since that is where the launcher first failed: the
+default partition `debug` has a 30-minute MaxTime (under the 4 h the launcher once asked by default) and a `long`
+partition allows a day; `EnforcePartLimits=ALL` refuses a job over its partition's limits at submission, as many
+sites do; `MinJobAge` is SLURM's default 300 s, after which SLURM forgets an ended job.
 """
 from __future__ import annotations
 
@@ -94,12 +99,14 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-MinJobAge=86400
+MinJobAge=300
+EnforcePartLimits=ALL
 ReturnToService=2
 MpiDefault=none
 KillWait=5
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
+PartitionName=long Nodes=ALL MaxTime=1-00:00:00 State=UP
 """)
     env = {"SLURM_CONF": conf}
     full = dict(os.environ, **env)
@@ -113,6 +120,18 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         time.sleep(0.5)
     raise RuntimeError(f"the test cluster in {folder} did not reach 'idle' in 60 s: {out.stdout} {out.stderr}\n"
                        + open(os.path.join(folder, "log", "slurmctld.log")).read()[-2000:])
+
+
+def unreachable_conf(folder: str) -> str:
+    """A copy of the cluster's slurm.conf whose controller port nothing listens on: clients that read it cannot
+    reach SLURM (as on a login node whose controller is down), while the cluster itself keeps running."""
+    conf = open(os.path.join(folder, "slurm.conf")).read()
+    lines = [f"SlurmctldPort={_free_port()}" if line.startswith("SlurmctldPort=") else line
+             for line in conf.splitlines()]
+    path = os.path.join(folder, "unreachable.conf")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
 
 
 def down(folder: str) -> None:

@@ -46,5 +46,11 @@ def test_one_command_runs_every_protocol_of_a_grid(tmp_path, word_tokenizer_dir,
     grid_mod.main(["--config", str(grid_file)])
     for name in ("a", "b"):
         assert list(json.load(open(tmp_path / name / "results.json"))["rows"]) == ["teacher", "naive"]
+    capsys.readouterr()
     grid_mod.main(["--config", str(grid_file), "--status"])
-    assert capsys.readouterr().out.strip().endswith("grid: 6 done")  # 2 protocols x (teacher, naive, table)
+    printed = capsys.readouterr().out
+    assert printed.strip().endswith("grid: 6 done")  # 2 protocols x (teacher, naive, table)
+    # each table says whose it is: the config, then its out_dir, before that protocol's rows
+    heads = [printed.index(f"## {configs[i]} (out_dir {tmp_path / name})") for i, name in enumerate("ab")]
+    tables = [i for i in range(len(printed)) if printed.startswith("| stage | state |", i)]
+    assert len(tables) == 2 and heads[0] < tables[0] < heads[1] < tables[1]
