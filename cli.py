@@ -23,6 +23,7 @@ from callbacks.reference_model import ReferenceModelCallback
 from cli_guards import ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements, inner_cause
 from lightning_modules.checkpoint_checks import CheckpointError
 from lightning_modules.checkpoint_io import install_atomic_checkpoint_io
+from lightning_modules.reward.weak_labeller import attach_weak_labeller
 
 
 class ShiftCLI(LightningCLI):
@@ -60,6 +61,8 @@ class ShiftCLI(LightningCLI):
             if cause is None:
                 raise
             raise ValueError(cause) from err
+        # the data layer loads no model: a `--data.teacher_checkpoint`'s labels are computed by what it is handed here
+        attach_weak_labeller(self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)

@@ -1,61 +1,24 @@
 """Checks of a checkpoint file before its weights are used: intact, loadable, of the expected kind, finite.
 
-A torch checkpoint is a zip archive whose members (the pickle and one member per tensor storage) carry a CRC-32;
-`torch.load` never verifies it, so bytes overwritten in place (a bad disk, a partial copy over an old file) load as
-other weights without a word. `verify_archive` recomputes every CRC (about 0.04 s per 100 MB from the page cache)
-and names the first bad member and the tensor it holds. `first_nonfinite` finds a NaN / inf weight, which would
-otherwise train (or label) silently into NaN margins.
+`verify_archive` (every zip member's CRC-32, which `torch.load` never verifies) reads the file only, so it lives on
+the data floor (`datamodules/checkpoint_archive.py`: the data module checks `--data.teacher_checkpoint` with it) and
+is re-exported here. `first_nonfinite` finds a NaN / inf weight, which would otherwise train (or label) silently into
+NaN margins; `load_checked` runs all of them.
 
-Used by the teacher's loading (`datamodules/preference/weak_labels.py`), the policies' `--model.init_checkpoint`
+Used by the teacher's loading (`lightning_modules/reward/weak_labeller.py`), the policies' `--model.init_checkpoint`
 (`policy/base.py`), `--ckpt_path` (`cli.py`, and `checkpoint_io.AtomicCheckpointIO.load_checkpoint`).
 """
 from __future__ import annotations
 
-import os
 import pickle
-import zipfile
 from typing import Any, Iterable, Optional
 
 import torch
 
+from datamodules.checkpoint_archive import CheckpointError, verify_archive  # noqa: F401 -- re-exported
+
 POLICY_CLASSES = ("PolicySFTModule", "PolicyRLModule")
 REWARD_CLASSES = ("RewardModelModule",)
-
-# (path, size, mtime_ns) of archives verified in this process: `--ckpt_path` is checked when parsed and again when
-# the trainer loads it; an unchanged file is read once.
-_VERIFIED: set[tuple[str, int, int]] = set()
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that must not be used; the message names the flag, the file and what is wrong."""
-
-
-def verify_archive(path: str, flag: str) -> None:
-    """Refuse a file that is not a complete torch zip archive or whose members fail their CRC-32.
-
-    Args:
-        path: the checkpoint file.
-        flag: the option that named it (for the message), e.g. "--model.init_checkpoint".
-    """
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{flag} {path!r} does not exist")
-    st = os.stat(path)
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if key in _VERIFIED:
-        return
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, EOFError, OSError) as err:  # a truncated file has no central directory
-        raise CheckpointError(f"{flag} {path!r} is truncated or not a torch checkpoint ({st.st_size} bytes; "
-                              f"{type(err).__name__}: {err}); an interrupted save or copy? Use an intact checkpoint."
-                              ) from None
-    if bad is not None:
-        tensor = _tensor_of_member(path, bad)
-        raise CheckpointError(f"{flag} {path!r} is corrupt: member {bad!r}{f' (tensor {tensor})' if tensor else ''} "
-                              "fails its CRC-32 check (the bytes on disk differ from those written); "
-                              "use an intact copy")
-    _VERIFIED.add(key)
 
 
 def first_nonfinite(state_dict: dict) -> Optional[str]:
@@ -117,46 +80,3 @@ def load_checked(path: str, flag: str, expected: Iterable[str]) -> dict[str, Any
     check_kind(ckpt, path, flag, expected)
     check_finite(ckpt["state_dict"], path, flag)
     return ckpt
-
-
-class _StorageKey(str):
-    """A storage's member name, standing in for the tensor while `_tensor_of_member` reads the pickle."""
-
-
-class _KeyUnpickler(pickle.Unpickler):
-    """Unpickles `data.pkl` with every tensor replaced by its storage key (no tensor data is read)."""
-
-    def persistent_load(self, pid):
-        return _StorageKey(pid[2])  # ("storage", storage_type, key, location, numel)
-
-    def find_class(self, module: str, name: str):
-        if module == "torch._utils" and name.startswith("_rebuild_"):
-            return lambda first, *args, **kwargs: first if isinstance(first, _StorageKey) else None
-        return super().find_class(module, name)
-
-
-def _tensor_of_member(path: str, member: str) -> Optional[str]:
-    """'state_dict[NAME]' for the tensor stored in `member` ("<archive>/data/<key>"), when the pickle tells."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pkl = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
-            obj = _KeyUnpickler(archive.open(pkl)).load()
-    except Exception:  # noqa: BLE001 -- only an aid to the message: the member name alone is still reported
-        return None
-    key = member.rsplit("/", 1)[-1]
-    for section in ("state_dict", *obj.keys()) if isinstance(obj, dict) else ():
-        found = _find_key(obj.get(section), key, section)
-        if found:
-            return found
-    return None
-
-
-def _find_key(tree: Any, key: str, prefix: str) -> Optional[str]:
-    if isinstance(tree, _StorageKey):
-        return prefix if tree == key else None
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
-    for name, value in items:
-        found = _find_key(value, key, f"{prefix}[{name!r}]" if prefix else str(name))
-        if found:
-            return found
-    return None

@@ -178,9 +178,8 @@ def _source_names(flat: dict) -> list[str]:
 
 def _registered_sources(flat: dict) -> list[type]:
     """The registered classes of the stage's sources that no local folder replaces (generated or read from the hub)."""
-    from datamodules.preference.sources.base import SOURCES, _import_builtin_sources
+    from datamodules.preference.sources import SOURCES  # the package registers every built-in source
 
-    _import_builtin_sources()
     local = {k.rsplit(".", 1)[-1] for k in flat if k.startswith("data.init_args.local_dirs.")}
     return [SOURCES[n] for n in _source_names(flat) if n in SOURCES and n not in local]
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from protocols.slurm import SlurmOptions
+from protocols.engine.slurm_options import SlurmOptions
 
 # Approximate public train / test(+validation used as test) pair counts of the hub datasets (after ties dropped),
 # for the estimate only; the runs read the real sizes.
@@ -33,7 +33,7 @@ class Grid:
     Args:
         protocols: `protocols.w2s` config files, one protocol (out_dir) each.
         launcher: "slurm" (each stage a job) or "local" (one protocol after another, here).
-        slurm: the stage jobs' resources (`protocols.slurm.SlurmOptions`).
+        slurm: the stage jobs' resources (`protocols.engine.slurm_options.SlurmOptions`).
         args: more `protocols.w2s` flags for every protocol (e.g. ["--seeds=[0]"]).
         tokens_per_sequence: mean tokens per prompt + response, for `--estimate` only.
         gpu_tflops: sustained bf16 TFLOP/s per GPU, for `--estimate` only (H100 dense peak 989 × an assumed 0.4).
@@ -143,4 +143,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from protocols.refusals import run_main
+
+    run_main(main)

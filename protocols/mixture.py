@@ -21,47 +21,27 @@ are skipped.
 
 Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage: before/after table over seeds, history
 of means, per-seed values and wall times; one set, swapped in at once), TensorBoard logs under each seed directory.
+
+This file declares the experiments and holds the command line; the stages and their side of the stage engine are
+`protocols.mixture_stages`; the engine (`protocols.engine`) plans, reuses, runs (up to `--jobs` stages at once here,
+each a subprocess; SLURM jobs with `--launcher slurm`) and prints one progress line per stage.
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
-import glob
-import json
 import os
-import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:  # imported where used: the protocol's own module stays light (`--list`)
-    from protocols.stage_identity import ForceSpec
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-INIT_KEY = "model.init_args.init_checkpoint"
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One `cli.py fit` run. `start`: the stage whose checkpoint it starts from (None: from scratch). `sft`: an SFT
-    stage (gets --sft-set; reported by its stop step and fidelity) rather than RL (--set; persona table)."""
-    name: str
-    config: str
-    title: str
-    extra: tuple[str, ...] = ()
-    start: Optional[str] = "sft"
-    sft: bool = False
-
-
-@dataclass(frozen=True)
-class Experiment:
-    family: str  # directory under --out; experiments of one family share stages (by identity)
-    stages: tuple[Stage, ...]
-    summary: str = ""  # what the table is about
-    question_fixtures: bool = False  # ARC / RACE: generate hub-schema question files and pass --data.question_dirs
+from protocols.engine import cluster, local, status as engine_status
+from protocols.engine.progress import Progress
+from protocols.engine.slurm_options import add_slurm_arguments, options_from_args
+from protocols.engine.status import print_status
+from protocols.mixture_stages import (  # noqa: F401 -- the protocol's public names
+    Experiment, MixtureHooks, Stage, _failure, identity_of, stage_args,
+)
+from protocols.run_files import OutDirLock
+from protocols.stage_identity import ForceSpec
 
 
 def _sft(config: str) -> Stage:
@@ -75,7 +55,11 @@ def _rl(name: str, config: str, title: str, *extra: str, start: str = "sft") -> 
 
 
 TWO_SFT = _sft("two_policies_sft")
+
+
 PERSONA_ONLY = "--model.persona_tokens_only=true"
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     "two_policies": Experiment("two_policies", (
         TWO_SFT,
@@ -140,251 +124,11 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 
-# ---------------------------------------------------------------------------------------------------- running
-def stage_args(stage: Stage, seed: int, extra: list[str], question_dirs: Optional[dict]) -> list[str]:
-    args = ["--config", os.path.join(ROOT, stage.config), f"--seed_everything={seed}", f"--data.seed={seed}",
-            *stage.extra, *extra]
-    if question_dirs:
-        args.append("--data.question_dirs=" + json.dumps(question_dirs))
-    return args
-
-
-def checkpoint_of(stage: Stage, seed_dir: str, config: dict) -> str:
-    """Where the stage's ModelCheckpoint writes (from its resolved config), relative paths under the seed dir."""
-    for cb in config.get("trainer", {}).get("callbacks") or []:
-        if str(cb.get("class_path", "")).endswith("ModelCheckpoint"):
-            a = cb.get("init_args", {})
-            return os.path.join(seed_dir, a.get("dirpath") or "", (a.get("filename") or "last") + ".ckpt")
-    raise ValueError(f"{stage.config}: the protocol needs a ModelCheckpoint callback (it chains stages by checkpoint)")
-
-
-def identity_of(stage: Stage, args: list[str], upstream: Optional[str], seed_dir: str = ".") -> tuple[dict, dict]:
-    """(identity, resolved config) of a stage: every resolved value minus where it writes, the upstream run (its
-    init_checkpoint path says nothing about what was trained there) and the contents behind its data options
-    (`protocols.data_identity`; relative paths are read from `seed_dir`, the stage's working directory)."""
-    from protocols.data_identity import data_identity
-    from protocols.stage_identity import resolve_cli_config, without_location
-
-    config = resolve_cli_config(args)
-    flat = without_location(config)
-    flat.pop(INIT_KEY, None)
-    return {"config": flat, "upstream": upstream, "data": data_identity(flat, cwd=seed_dir)}, config
-
-
-def record_path(out: str, exp: Experiment, seed: int, name: str) -> str:
-    """`<out>/<family>/seed_<k>/stages/<stage>.json`: what a stage's run left (status, checkpoint, identity, ...)."""
-    return os.path.join(out, exp.family, f"seed_{seed}", "stages", f"{name}.json")
-
-
-def skipped(stage: Stage) -> dict:
-    """The record of a stage whose start stage did not finish."""
-    return {"status": "skipped", "error": f"its start stage {stage.start!r} did not finish"}
-
-
-def stage_folder(out: str, exp: Experiment, key: str) -> str:
-    """`<out>/<family>/.stages/seed_<k>/<stage>`: the stage's lock and its cluster job's record."""
-    return os.path.join(out, exp.family, ".stages", key)
-
-
-def stage_lock(out: str, exp: Experiment, seed: int, name: str):
-    from protocols.run_files import OutDirLock
-
-    return OutDirLock(stage_folder(out, exp, f"seed_{seed}/{name}"), what="stage")
-
-
-def finished_record(path: str) -> Optional[dict]:
-    """A stage's record when it finished (status done, its checkpoint and table present), else None: a failed or
-    half-lost stage is no finished stage and simply runs again."""
-    old = _read(path)
-    if old is None or old.get("status") != "done" or not os.path.isfile(old.get("checkpoint", "")):
-        return None
-    return old if _outputs_exist(old) else None
-
-
-def changed_stages(exp: Experiment, stages: list[Stage], seeds: list[int], out: str, extra: dict,
-                   question_dirs: Optional[dict], force: ForceSpec) -> None:
-    """Before any work: every finished stage of every seed whose configuration or data changed, refused at once
-    (unless forced); changes of the upstream run are known only as stages run (`run_seed`)."""
-    from protocols.stage_identity import identity_changes, refusal
-
-    changed = []
-    for seed in seeds:
-        seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
-        for stage in stages:
-            old = finished_record(record_path(out, exp, seed, stage.name))
-            if old is None or force.forces(stage.name, seed):
-                continue
-            args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
-            identity, _ = identity_of(stage, args, None, seed_dir)
-            diff = identity_changes(old, {k: v for k, v in identity.items() if k != "upstream"})
-            if diff:
-                changed.append((os.path.join(seed_dir, stage.name), diff))
-    if changed:
-        raise refusal(changed)
-
-
-def run_seed(exp: Experiment, stages: list[Stage], seed: int, out: str, extra: dict, threads: int,
-             question_dirs: Optional[dict], force: ForceSpec) -> dict:
-    """Run (or reuse) every stage of one seed in order; returns {stage name: record}. A finished stage of another
-    identity is refused (`StageChangedError`) unless forced; a stage starting from a forced one follows it."""
-    records: dict[str, dict] = {}
-    forced_runs: set[str] = set()
-    for stage in stages:
-        forced = force.forces(stage.name, seed) or stage.start in forced_runs
-        with stage_lock(out, exp, seed, stage.name):  # a cluster job of this stage must not run it at once
-            records[stage.name] = run_stage(exp, stage, seed, out, extra, threads, question_dirs, forced,
-                                            records.get(stage.start) if stage.start else None)
-        if forced:
-            forced_runs.add(stage.name)
-    return records
-
-
-def run_stage(exp: Experiment, stage: Stage, seed: int, out: str, extra: dict, threads: int,
-              question_dirs: Optional[dict], forced: bool, upstream: Optional[dict]) -> dict:
-    """Run (or reuse) one stage of one seed from its start stage's record (None for a stage from scratch); returns
-    its record: reused, done, failed, or skipped when its start stage did not finish."""
-    from protocols.stage_identity import digest, identity_changes, refusal
-
-    seed_dir = os.path.join(out, exp.family, f"seed_{seed}")
-    os.makedirs(os.path.join(seed_dir, "stages"), exist_ok=True)
-    if stage.start and (upstream is None or upstream["status"] != "done"):
-        record = skipped(stage)
-        print(f"[seed {seed}] {stage.name}: skipped ({record['error']})", flush=True)
-        return record
-    args = stage_args(stage, seed, extra.get("sft" if stage.sft else "rl", []), question_dirs)
-    # the upstream *run*, not only its identity: a re-run upstream stage (a lost checkpoint, --force) re-runs
-    # what starts from it
-    upstream_run = _run_of(upstream) if upstream else None
-    identity, config = identity_of(stage, args, upstream_run, seed_dir)
-    key = digest(identity)
-    ckpt = checkpoint_of(stage, seed_dir, config)
-    if upstream:
-        args.append(f"--model.init_checkpoint={upstream['checkpoint']}")
-    path = record_path(out, exp, seed, stage.name)
-    old = finished_record(path)
-    if old is not None and not forced:
-        diff = identity_changes(old, identity)
-        if diff:
-            raise refusal([(os.path.join(seed_dir, stage.name), diff)])
-        if old.get("digest") != key:  # options added at their defaults: the same run, under today's identity
-            old = dict(old, identity=identity, digest=key, run=_run_of(old))
-            _write_json(path, old)
-        print(f"[seed {seed}] {stage.name}: reused (identity {key})", flush=True)
-        return old
-    env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
-    return _run(stage, args, identity, ckpt, seed_dir, env, path, seed)
-
-
-def _run_of(record: dict) -> str:
-    """Which run of a stage this is (kept when its identity is renamed for added options)."""
-    return record["run"]
-
-
-def _outputs_exist(record: dict) -> bool:
-    return record.get("table") is None or os.path.isfile(record["table"])
-
-
-def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str, env: dict, record_file: str,
-         seed: int) -> dict:
-    from protocols.stage_identity import digest
-
-    key = digest(identity)
-    log_name = _log_name(args) or f"mixture/{stage.name}"
-    shutil.rmtree(os.path.join(seed_dir, "runs", log_name), ignore_errors=True)  # one version per stage and seed
-    if os.path.exists(ckpt):
-        os.remove(ckpt)  # a failed run must not leave an older checkpoint looking like its output
-    log_path = os.path.join(seed_dir, "stages", f"{stage.name}.log")
-    cmd = [sys.executable, os.path.join(ROOT, "cli.py"), "fit", *args]
-    start = time.time()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + f"\n(in {seed_dir})\n")
-        log.flush()
-        rc = subprocess.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.time() - start
-    finished = time.time()
-    record = {"stage": stage.name, "seed": seed, "identity": identity, "digest": key, "run": f"{key}@{finished}",
-              "command": cmd,
-              "wall_s": round(wall, 1), "finished": finished,
-              "checkpoint": ckpt, "log": log_path, "table": None}
-    if rc != 0 or not os.path.isfile(ckpt):
-        record.update(status="failed", error=_failure(rc, ckpt, log_path))
-        print(f"[seed {seed}] {stage.name}: FAILED after {wall:.0f} s: {record['error']}", flush=True)
-    else:
-        # the stage's own file: variants of one config (full sequence / persona tokens) write the same ckpt path
-        record["checkpoint"] = os.path.join(seed_dir, "checkpoints", f"{stage.name}.ckpt")
-        os.makedirs(os.path.dirname(record["checkpoint"]), exist_ok=True)
-        os.replace(ckpt, record["checkpoint"])
-        record["status"] = "done"
-        if stage.sft:
-            record["sft"] = _sft_summary(record["checkpoint"])
-        else:
-            tables = glob.glob(os.path.join(seed_dir, "runs", log_name, "version_*", "*_table.json"))
-            record["table"] = max(tables, key=os.path.getmtime) if tables else None
-        print(f"[seed {seed}] {stage.name}: done in {wall:.0f} s", flush=True)
-    _write_json(record_file, record)
-    return record
-
-
-def _failure(rc: int, ckpt: str, log_path: str) -> str:
-    """Why a stage failed, cause first: its error, or, when the run ended well without writing its checkpoint (e.g.
-    `--trainer.max_steps` reached before the checkpoint callback's first save), that missing file."""
-    if rc == 0:
-        last = _last_error(log_path)
-        return (f"the run ended (exit code 0) without writing its checkpoint {ckpt}: its ModelCheckpoint saves after "
-                "a validation or an epoch's end, so a run stopped before the first (--trainer.max_steps below "
-                "--trainer.val_check_interval, max_time, a signal) leaves none; raise --trainer.max_steps or validate "
-                f"sooner. The log ({log_path}) ends with: {last or '(nothing)'}")
-    return _last_error(log_path) or f"exit code {rc} (log: {log_path})"
-
-
-def _log_name(args: list[str]) -> Optional[str]:
-    names = [a.split("=", 1)[1] for a in args if a.startswith("--trainer.logger.init_args.name=")]
-    return names[-1] if names else _config_log_name(args)
-
-
-def _config_log_name(args: list[str]) -> Optional[str]:
-    import yaml
-
-    cfg = yaml.safe_load(open(args[args.index("--config") + 1]))
-    return ((cfg.get("trainer") or {}).get("logger") or {}).get("init_args", {}).get("name")
-
-
-def _sft_summary(ckpt: str) -> dict:
-    import torch
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    fid = state.get("persona_fidelity") or {}
-    return {"steps": int(state.get("global_step", 0)), "fidelity_mean": fid.get("mean"),
-            "fidelity_min": fid.get("min"), "capability": fid.get("capability")}
-
-
-def _last_error(log_path: str) -> str:
-    lines = [l.strip() for l in open(log_path, errors="replace") if l.strip()]
-    errors = [l for l in lines if "Error" in l.split(":")[0] or l.startswith("ValueError")]
-    return (errors[-1] if errors else (lines[-1] if lines else ""))[:400]
-
-
-def _read(path: str) -> Optional[dict]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _write_json(path: str, obj) -> None:
-    from datamodules.atomic_files import atomic_write
-
-    atomic_write(path, json.dumps(obj, indent=1, default=str))
-
-
 def _parser() -> argparse.ArgumentParser:
-    from protocols.slurm import add_slurm_arguments
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="seeds run at once")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="stages run at once (each a process)")
     p.add_argument("--out", default=os.path.join("runs", "mixture"), help="root of the per-seed directories")
     p.add_argument("--stages", nargs="+", help="run only these stages (and what they start from)")
     p.add_argument("--set", action="append", default=[], help="extra cli.py argument for every RL stage")
@@ -408,10 +152,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from protocols import mixture_cluster, slurm
-    from protocols.run_files import OutDirLock
-    from protocols.stage_identity import ForceSpec
-
     p = _parser()
     args = p.parse_args(argv)
     if args.list or args.experiment is None:
@@ -431,7 +171,7 @@ def main(argv=None) -> int:
     force = ForceSpec(args.force)
     try:
         force.check({s.name for s in stages})
-        opts = slurm.options_from_args(args)
+        opts = options_from_args(args)
     except ValueError as err:
         p.error(str(err))
     if opts.world_size > 1:  # the stages' records are written by one process; DDP inside a stage: W2S only
@@ -439,54 +179,48 @@ def main(argv=None) -> int:
                 "modules are DDP-exact, but the protocol's stage runner is not rank-aware yet); use 1")
     out = os.path.abspath(args.out)
     name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
+    command = " ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])])
+    hooks = MixtureHooks(args.experiment, exp, stages, args.seeds, out, {"sft": args.sft_set, "rl": args.set},
+                         threads, None, name, command)
+    hooks.python = opts.python
+    specs = hooks.specs()
     if args.status:
-        slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))
+        print_status(engine_status.stage_rows(specs, hooks))
         return 0
     if force:  # a forced run trusts no cached file hash (a rewrite may have kept size and mtime: docs/reruns.md)
         from protocols.data_identity import rehash_files
 
         rehash_files()
-    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
-    extra = {"sft": args.sft_set, "rl": args.set}
-    question_dirs = None
     if exp.question_fixtures:  # rewritten only when their content differs: a job's call leaves them as they are
         from datamodules.triggers.question_fixtures import write_question_fixtures
 
-        question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
+        hooks.question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
     if args.stage:  # a job: this stage only, under its own lock (the family lock is the submitter's)
-        record = mixture_cluster.run_one(exp, stages, args.seeds[0], args.stage, out, extra, threads, question_dirs,
-                                         force)
+        record = local.run_one(specs, hooks, f"seed_{args.seeds[0]}/{args.stage}", force)
         return 0 if record["status"] in ("done", "failed", "skipped") else 1
-    start = time.time()
-    command = " ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])])
-    with OutDirLock(os.path.join(out, exp.family)):  # one run per family folder: its stages and checkpoints
-        if not args.collect:
-            changed_stages(exp, stages, args.seeds, out, extra, question_dirs, force)
-        submitted = args.launcher == "slurm" and not args.collect and mixture_cluster.submit(
-            args.experiment, exp, stages, args.seeds, out, extra, force, opts, name, command=command)
-        if not submitted:
-            if args.collect or args.launcher == "slurm":  # --collect, or every stage had finished: the report now
-                records = mixture_cluster.records_on_disk(exp, stages, args.seeds, out)
+    jobs: dict[str, str] = {}
+    with OutDirLock(hooks.root):  # one run per family folder: its stages and checkpoints
+        if args.collect:
+            results = local.results_on_disk(specs, hooks)
+        else:
+            local.refuse_changed(specs, hooks, force)
+            if args.launcher == "slurm":
+                jobs = cluster.submit(specs, hooks, force, opts)
+                results = {} if jobs else local.results_on_disk(specs, hooks)  # all finished: the report now
             else:
-                with futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
-                    jobs = {seed: pool.submit(run_seed, exp, stages, seed, out, extra, threads, question_dirs, force)
-                            for seed in args.seeds}
-                    records = {seed: job.result() for seed, job in jobs.items()}
-            from protocols.mixture_report import write_report
-
-            wall_s = time.time() - start
-            if args.collect:  # the collecting job: the submitting command and the time since, not its own call's
-                command, wall_s = mixture_cluster.collected_run(exp, out) or (command, wall_s)
-            md = write_report(os.path.join(out, exp.family), name, exp, stages, records, wall_s, command=command)
-    if submitted:
+                results = local.run_local(specs, hooks, force, workers=args.jobs, progress=Progress(specs, hooks))
+        md = None if jobs else hooks.publish(specs, results)
+    if jobs:
         if args.wait:
-            mixture_cluster.wait(exp, out)
-        slurm.print_status(mixture_cluster.status(exp, stages, args.seeds, out, name))
+            cluster.wait(jobs, hooks)
+        print_status(engine_status.stage_rows(specs, hooks))
         return 0
     print(open(md).read())
     print(f"written: {md}")
-    failed = [(s, n) for s, recs in records.items() for n, r in recs.items() if r["status"] != "done"]
+    failed = [k for k, r in results.items() if r["status"] != "done"]
     return 1 if failed else 0
+
 
 
 def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:

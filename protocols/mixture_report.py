@@ -14,14 +14,14 @@ from collections import Counter
 from typing import Optional
 
 from datamodules.atomic_files import atomic_write
+from protocols import stats
 from protocols.run_files import publish_set
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
-    return mean, std
+    """Mean and sample std (NaN for one value) of values without NaNs (`protocols.stats.mean_std`)."""
+    mean, std, _ = stats.mean_std(values)
+    return mean, float("nan") if std is None else std
 
 
 def cell(values: list[float], per_seed: bool = True, digits: int = 2) -> str:
@@ -158,7 +158,7 @@ def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dic
     """`<family_dir>/<name>_results.md` and `.json`, published as one set (`<name>_results/`, the two names link into
     it: `run_files.publish_set`); returns the Markdown path. `wall_s` and `command`: the run's, from its command to
     this report (a SLURM run's collecting job passes the submitting command and the time since submission:
-    `mixture_cluster.collected_run`)."""
+    `mixture_stages.collected_run`)."""
     seeds = sorted(records)
     runs_s = stage_run_seconds(records)
     md = [f"# {name}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})", "",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
-from protocols.w2s_report import ci95
+from protocols.stats import ci95
 
 RULES = ("id_val", "oracle_target")
 

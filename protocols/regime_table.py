@@ -17,7 +17,7 @@ from typing import Optional
 
 from protocols.published_set import load_published
 from protocols.teacher_search import value_label
-from protocols.w2s_report import ci95, mean_std
+from protocols.stats import ci95, mean_std
 
 
 def load(path: str) -> dict:

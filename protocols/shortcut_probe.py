@@ -231,7 +231,7 @@ def load_split_records(data_init: dict, seed: int) -> tuple[dict[str, list[dict]
 def measure(ckpt: str, data_init: dict, seed: int) -> dict:
     """Fit the probe on the teacher half, score it on validation, and the teacher's structure on the student half
     and every test split. Returns {"probe": {...}, "structure": {split: split_structure(...)}}."""
-    from datamodules.preference.weak_labels import load_teacher, score_pairs
+    from lightning_modules.reward.weak_labeller import load_teacher, score_pairs
     from datamodules.tokenizers import load_tokenizer
 
     records, dm = load_split_records(data_init, seed)

@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from protocols.w2s_report import percent
+from protocols.stats import percent
 
 VALUE_LABELS = {None: "full"}
 
@@ -220,7 +220,7 @@ def replays_the_same(finished: dict, spec: TeacherSearch) -> bool:
 
 def teacher_margins(ckpt: str, records: list[dict], dm) -> list[float]:
     """The teacher's chosen − rejected margins on `records`, as the weak labels score pairs."""
-    from datamodules.preference.weak_labels import load_teacher, score_pairs
+    from lightning_modules.reward.weak_labeller import load_teacher, score_pairs
     from datamodules.tokenizers import load_tokenizer
 
     model = load_teacher(ckpt, "--ckpt").eval()

@@ -33,7 +33,7 @@ def split_structure(records: list[dict], margins: list[float], artifact_side) ->
 def measure(ckpt: str, data_init: dict, seed: int) -> dict[str, dict]:
     from datamodules.preference.datamodule import PreferenceDataModule
     from datamodules.preference.sources import build_source
-    from datamodules.preference.weak_labels import score_pairs
+    from lightning_modules.reward.weak_labeller import score_pairs
     from datamodules.tokenizers import load_tokenizer
     from lightning_modules.reward.reward_model import RewardModelModule
 

@@ -6,6 +6,7 @@ import torch
 
 from datamodules.preference.datamodule import PreferenceDataModule
 from lightning_modules.reward.reward_model import RewardModelModule
+from lightning_modules.reward.weak_labeller import attach_weak_labeller
 
 SOURCE = "synth_helpful_cooking"
 TARGETS = ["synth_helpful_science", "synth_helpful_travel"]
@@ -20,7 +21,9 @@ def tiny_data(tokenizer_dir: str, cache_dir: str, **kwargs) -> PreferenceDataMod
     defaults = dict(source=SOURCE, ood_targets=TARGETS, tokenizer=tokenizer_dir, source_options=synth_options(),
                     batch_size=16, eval_batch_size=16, max_length=96, cache_dir=cache_dir, seed=0)
     defaults.update(kwargs)
-    return PreferenceDataModule(**defaults)
+    dm = PreferenceDataModule(**defaults)
+    attach_weak_labeller(dm)  # as cli.py does: labels with a --data.teacher_checkpoint
+    return dm
 
 
 def tiny_model(tokenizer_dir: str, lr: float = 3e-3, **kwargs) -> RewardModelModule:

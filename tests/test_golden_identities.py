@@ -43,7 +43,8 @@ def _normalised_digest(identity: dict, extra: dict[str, str] = {}) -> str:
 
 def w2s_identities(path: str, first_seed_only: bool = False) -> dict[str, str]:
     """`seed<k>/<stage>` -> digest of the stage's identity (upstream stages by name) for one W2S config."""
-    from protocols.w2s import _identity, parse, plan_stages, stage_key
+    from protocols.w2s import parse
+    from protocols.w2s_stages import identity_of, plan_stages, stage_key
 
     cwd = os.getcwd()
     os.chdir(ROOT)  # the configs name their files relative to the repository
@@ -55,7 +56,7 @@ def w2s_identities(path: str, first_seed_only: bool = False) -> dict[str, str]:
                 continue
             stage.config = resolve_cli_config(stage.args + stage.location_args("fit"))
             upstream = {name: {"identity": "<upstream>", "run": "<run>"} for name in stage.upstream}
-            out[stage_key(stage)] = _normalised_digest(_identity(stage, upstream), {p.out_dir: "<out_dir>"})
+            out[stage_key(stage)] = _normalised_digest(identity_of(stage, upstream), {p.out_dir: "<out_dir>"})
         return out
     finally:
         os.chdir(cwd)

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from protocols import mixture
+from protocols import mixture, mixture_stages
+from protocols.engine import local
 from protocols.mixture_report import cell, mean_std, stage_summary, summary_markdown
 
 
@@ -67,7 +68,7 @@ def _fake_run(calls, fail=()):
             os.makedirs(os.path.dirname(record["checkpoint"]), exist_ok=True)
             open(record["checkpoint"], "w").close()
             record["status"] = "done"
-        mixture._write_json(record_path, record)
+        mixture_stages._write_json(record_path, record)
         return record
     return run
 
@@ -79,12 +80,15 @@ def test_stages_reused_by_identity_refused_when_changed_forced_and_skipped_after
     stages = mixture._selected(exp, ["two_policies_rl_A"])
     assert [s.name for s in stages] == ["sft", "two_policies_rl_A"]  # and what it starts from
     calls = []
-    monkeypatch.setattr(mixture, "_run", _fake_run(calls))
+    monkeypatch.setattr(mixture_stages, "_run", _fake_run(calls))
 
-    def run(sft=(), rl=(), force=None):
+    def run(sft=(), rl=(), force=None):  # what `python -m protocols.mixture` does for one seed, on the engine
         extra = {"sft": list(sft), "rl": list(rl)}
-        mixture.changed_stages(exp, stages, [3], str(tmp_path), extra, None, ForceSpec(force))
-        return mixture.run_seed(exp, stages, 3, str(tmp_path), extra, 1, None, ForceSpec(force))
+        hooks = mixture_stages.MixtureHooks("two_policies", exp, stages, [3], str(tmp_path), extra, 1, None, "r", "")
+        specs = hooks.specs()
+        local.refuse_changed(specs, hooks, ForceSpec(force))
+        results = local.run_local(specs, hooks, ForceSpec(force))
+        return {spec.name: results[spec.key] for spec in specs}
 
     first = run()
     assert calls == ["sft", "two_policies_rl_A"]
@@ -128,12 +132,12 @@ def test_stages_reused_by_identity_refused_when_changed_forced_and_skipped_after
     with pytest.raises(StageChangedError, match="model.init_args.fidelity_measure: '\\(absent\\)' → 'branch'"):
         run(sft=["--model.lr=0.001", "--model.fidelity_measure=branch"], rl=["--model.lr=0.001"])
 
-    monkeypatch.setattr(mixture, "_run", _fake_run(calls, fail=("sft",)))
+    monkeypatch.setattr(mixture_stages, "_run", _fake_run(calls, fail=("sft",)))
     out = run(sft=["--model.lr=0.002"], rl=["--model.lr=0.001"], force=["sft"])
     assert out["sft"]["status"] == "failed" and out["two_policies_rl_A"]["status"] == "skipped"
     assert calls[-1] == "sft"
     assert json.load(open(tmp_path / "two_policies" / "seed_3" / "stages" / "sft.json"))["status"] == "failed"
-    monkeypatch.setattr(mixture, "_run", _fake_run(calls))
+    monkeypatch.setattr(mixture_stages, "_run", _fake_run(calls))
     n = len(calls)  # a failed stage is no finished stage: it runs again without --force; RL read the older SFT
     with pytest.raises(StageChangedError, match="seed_3/two_policies_rl_A: upstream"):
         run(sft=["--model.lr=0.002"], rl=["--model.lr=0.001"])
@@ -150,7 +154,7 @@ def test_every_experiment_resolves(tmp_path):
             args = mixture.stage_args(stage, 1, [], {"arc_easy": "x", "race_middle": "y"} if exp.question_fixtures else None)
             identity, config = mixture.identity_of(stage, args, None)
             assert config["seed_everything"] == 1 and config["data"]["init_args"]["seed"] == 1
-            assert mixture.checkpoint_of(stage, str(tmp_path), config).endswith(".ckpt")
+            assert mixture_stages.checkpoint_of(stage, str(tmp_path), config).endswith(".ckpt")
 
 
 def test_unknown_stage_and_repeated_seed_are_refused(capsys):

@@ -11,9 +11,9 @@ import lightning as L
 import pytest
 import torch
 
-from datamodules.preference.weak_labels import load_teacher
 from datamodules.triggers.datamodule import TriggerDataModule
 from lightning_modules.policy.sft import PolicySFTModule
+from lightning_modules.reward.weak_labeller import load_teacher
 from tests.helpers import tiny_data, tiny_model, tiny_teacher_checkpoint
 
 POLICY = dict(n_layer=1, n_embd=32, n_head=2, max_positions=64)

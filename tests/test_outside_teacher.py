@@ -106,7 +106,7 @@ def _broken_dirs(root, export: str) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("case", ["missing", "no_config", "not_a_classifier", "no_weights", "a_file"])
 def test_bad_outside_teacher_is_refused_naming_flag_and_path(exports, word_tokenizer_dir, tmp_path, case):
-    from datamodules.preference.weak_labels import load_teacher
+    from lightning_modules.reward.weak_labeller import load_teacher
 
     path, words = _broken_dirs(tmp_path, exports["teacher_llama"][1])[case]
     spec = f"hf_classifier:{path}"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from protocols import slurm
+from protocols.engine import slurm_jobs as slurm
 from protocols.w2s import main as run_protocol
 from tests import slurm_cluster
 from tests.test_w2s_protocol import _tiny_protocol, _write
@@ -318,7 +318,7 @@ def test_resubmitting_while_jobs_wait_leaves_one_collecting_job(cluster, local_t
 def test_status_names_a_stage_a_rerun_would_refuse_as_changed(w2s_run):
     """Issue 34 (6): the status functions take the protocol's identity check as a hook (`changed`); a finished stage
     it reports reads "changed", not done."""
-    from protocols import w2s_cluster
+    from protocols import w2s
     from protocols.w2s import parse
 
     config, _, _ = w2s_run
@@ -328,7 +328,7 @@ def test_status_names_a_stage_a_rerun_would_refuse_as_changed(w2s_run):
         seen.append((stage.name, result["identity"]["upstream"] != {}))
         return ["model.lr: 0.001 → 0.002"] if stage.name == "naive" else []
 
-    states = _states(w2s_cluster.status(parse(["--config", config]), changed=changed))
+    states = _states(w2s.status(parse(["--config", config]), changed=changed))
     assert states["seed0/naive"] == ("changed (a rerun refuses it: model.lr: 0.001 → 0.002; --force seed0/naive "
                                      "reruns it)")
     assert states["seed0/teacher"] == states["seed0/confidence"] == states["collect"] == "done"
@@ -431,16 +431,17 @@ def test_two_policy_mixture_under_slurm_writes_the_local_tables(mixture_runs):
 def test_the_collected_mixture_report_names_the_submitting_command_and_the_run_time(mixture_runs, monkeypatch):
     """Issue 34 (6): the report the collecting job writes shows the submitting command (not `--collect`) and the
     time from submission to the table (not its own 0.0 min), and every report sums its stages' run times."""
-    from protocols import mixture, mixture_cluster
+    from protocols import mixture
+    from protocols.mixture_stages import collected_run
 
     _, out, report = mixture_runs
     job = json.load(open(os.path.join(out, "two_policies", ".stages", "collect", "job.json")))
     assert "two_policies" in job["command"] and "--launcher slurm" in job["command"]
     assert "--collect" not in job["command"]
     exp = mixture.EXPERIMENTS["two_policies"]
-    assert mixture_cluster.collected_run(exp, out) is None  # not the collecting job: its own call's command
+    assert collected_run(os.path.join(out, exp.family)) is None  # not the collecting job: its own call's command
     monkeypatch.setenv("SLURM_JOB_ID", job["job_id"])
-    command, wall = mixture_cluster.collected_run(exp, out)
+    command, wall = collected_run(os.path.join(out, exp.family))
     assert command == job["command"] and wall >= time.time() - job["submitted"] - 1
     runs = [r["wall_s"] for stage in report["stages"].values() for r in stage["records"].values()]
     assert len(runs) == 4 and report["stage_runs_s"] == pytest.approx(sum(runs), abs=0.1) and min(runs) > 0
@@ -449,10 +450,14 @@ def test_the_collected_mixture_report_names_the_submitting_command_and_the_run_t
 
 
 def mixture_cluster_status(out) -> list[dict]:
-    from protocols import mixture, mixture_cluster
+    from protocols import mixture
+    from protocols.engine.status import stage_rows
+    from protocols.mixture_stages import MixtureHooks
 
     exp = mixture.EXPERIMENTS["two_policies"]
-    return mixture_cluster.status(exp, mixture._selected(exp, ["two_policies_rl_A"]), [0, 1], out, "tiny")
+    hooks = MixtureHooks("two_policies", exp, mixture._selected(exp, ["two_policies_rl_A"]), [0, 1], out,
+                         {"sft": [], "rl": []}, 1, None, "tiny", "")
+    return stage_rows(hooks.specs(), hooks)
 
 
 def test_a_stage_spanning_two_tasks_runs_lightning_ddp_from_slurm_and_equals_local_ddp(cluster, tmp_path,

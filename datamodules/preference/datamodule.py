@@ -28,6 +28,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.atomic_files import atomic_write, naming_write_errors, remove_orphans, remove_path, temp_path
 from datamodules.cache_dir import resolve_cache_dir
+from datamodules.checkpoint_archive import verify_archive
+from datamodules.classifier_paths import check_classifier_source, is_hf_classifier
 from datamodules.preference.collate import PairCollator
 from datamodules.preference.columns import fast_column, value_counts
 from datamodules.preference.pair_tokenization import TRUNCATION_POLICIES, PairTokenizer
@@ -36,6 +38,7 @@ from datamodules.preference.label_diagnostics import weak_label_diagnostics
 from datamodules.preference.records import RECORD_KEYS, fingerprint
 from datamodules.preference.samplers import LengthGroupedSampler
 from datamodules.preference.sources import DataError, build_source
+from datamodules.preference.weak_labels import WeakLabeller, read_weak_labels, weak_label_path
 from datamodules.tokenizers import load_tokenizer
 
 TRAIN_SUBSETS = ("teacher", "student", "all")
@@ -105,9 +108,11 @@ class PreferenceDataModule(pl.LightningDataModule):
         max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
         teacher_checkpoint: a teacher reward-model checkpoint, or "hf_classifier:<dir or hub id>" (an outside
             `…ForSequenceClassification`, scored with its own head and tokenizer): its soft labels on the student
-            half become the training labels (computed once in `prepare_data`, cached) and its margins on every
-            test split are attached to the test pairs, so teacher and student are scored on the same pairs.
-        weak_labels: path of a weak-label file written by `datamodules.preference.weak_labels` (instead of computing it).
+            half become the training labels (computed once in `prepare_data` by the `weak_labeller` that `cli.py`
+            attaches, cached) and its margins on every test split are attached to the test pairs, so teacher and
+            student are scored on the same pairs.
+        weak_labels: path of a weak-label file (`datamodules.preference.weak_labels.write_weak_labels`'s format),
+            instead of computing it.
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
         teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
             teacher that knows part of the true rule (e.g. {"artifact_rate": 0.6}: the artifact is a weaker cue
@@ -172,8 +177,6 @@ class PreferenceDataModule(pl.LightningDataModule):
         if teacher_checkpoint and weak_labels:
             raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
         if teacher_checkpoint:
-            from lightning_modules.export.hf_classifier import check_classifier_source, is_hf_classifier
-
             if is_hf_classifier(teacher_checkpoint):  # an outside reward model (docs/export.md)
                 check_classifier_source(teacher_checkpoint, "--data.teacher_checkpoint")
             else:
@@ -187,6 +190,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         self._loaded: Optional[tuple[dict, dict]] = None  # records and report, from prepare_data to setup
         self._index_key: Optional[str] = None  # the prepared index's path (`_index_path`), once computed
         self._index_key_known = False
+        # What labels the student half with the teacher when its labels are not cached: the data layer loads no
+        # model, so it is handed one from above (`lightning_modules.reward.weak_labeller.attach_weak_labeller`).
+        self.weak_labeller: Optional[WeakLabeller] = None
 
     # ---- public names ------------------------------------------------------------------------------------
     @property
@@ -354,18 +360,23 @@ class PreferenceDataModule(pl.LightningDataModule):
                     chosen_by=self.cache_dir_origin)
 
     def _weak_labels_file(self, records: dict, compute: bool) -> str:
-        from datamodules.preference import weak_labels as wl
-
         hp = self.hparams
         tests = {n: records[f"test/{n}"] for n in self.test_split_names}
         seed = hp.seed if hp.label_seed is None else hp.label_seed
-        path = wl.weak_label_path(self.cache_dir, hp.teacher_checkpoint, records["train_student"], tests, seed,
-                                  hp.max_length, hp.truncation)
+        path = weak_label_path(self.cache_dir, hp.teacher_checkpoint, records["train_student"], tests, seed,
+                               hp.max_length, hp.truncation)
         if compute and not os.path.isfile(path):
+            if self.weak_labeller is None:
+                raise RuntimeError(
+                    f"--data.teacher_checkpoint {hp.teacher_checkpoint}: its weak labels are not cached ({path}) and "
+                    "this data module has no weak_labeller to compute them (the data layer loads no model). "
+                    "`python cli.py fit` attaches one; a data module built in code needs "
+                    "`lightning_modules.reward.weak_labeller.attach_weak_labeller(dm)` before `prepare_data`, or "
+                    "a label file given as --data.weak_labels instead")
             rank_zero_info(f"[data] labelling {len(records['train_student'])} student-half pairs with the teacher "
                            f"{hp.teacher_checkpoint}")
-            wl.compute_weak_labels(hp.teacher_checkpoint, records["train_student"], tests, seed, hp.max_length,
-                                   hp.truncation, path, batch_size=hp.eval_batch_size)
+            self.weak_labeller(hp.teacher_checkpoint, records["train_student"], tests, seed, hp.max_length,
+                               hp.truncation, path, batch_size=hp.eval_batch_size)
         return path
 
     def _needed_kinds(self) -> list[str]:
@@ -464,8 +475,6 @@ class PreferenceDataModule(pl.LightningDataModule):
                 raise DataError(f"--data.weak_labels {path!r} does not exist")
         else:
             return None
-        from datamodules.preference.weak_labels import read_weak_labels
-
         # refused when the labels carry no information (non-finite, or all equal), naming the teacher
         flag = "--data.teacher_checkpoint (its cached labels)" if hp.teacher_checkpoint else "--data.weak_labels"
         payload = read_weak_labels(path, flag)
@@ -645,10 +654,8 @@ def check_checkpoint_file(path: str, flag: str) -> None:
     """Fail early, naming the flag, unless `path` is an intact torch checkpoint (a zip archive holding a pickle): a
     log file or a folder given by mistake would otherwise fail minutes later with a raw UnpicklingError, and bytes
     overwritten in place would load as other weights without a word (every member's CRC-32 is checked:
-    `lightning_modules.checkpoint_checks.verify_archive`, ~0.04 s per 100 MB)."""
+    `datamodules.checkpoint_archive.verify_archive`, ~0.04 s per 100 MB)."""
     import zipfile
-
-    from lightning_modules.checkpoint_checks import verify_archive
 
     if not os.path.isfile(path):
         raise ValueError(f"{flag} {path!r} does not exist")

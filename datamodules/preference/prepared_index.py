@@ -74,10 +74,9 @@ def _generator_code() -> str:
 
 def source_identity(name: str, local_dir: Optional[str]) -> Optional[list]:
     """What pins a source's rows: its files' contents, or the generator's code; None when nothing does (the hub)."""
-    from datamodules.preference.sources.base import SOURCE_PREFIXES, SOURCES, _import_builtin_sources
+    from datamodules.preference.sources import SOURCE_PREFIXES, SOURCES
     from datamodules.preference.sources.synthetic import SyntheticShiftSource
 
-    _import_builtin_sources()
     if local_dir is not None:
         return ["files", os.path.abspath(local_dir), _file_contents(local_dir)] if os.path.exists(local_dir) else None
     for prefix in SOURCE_PREFIXES:

@@ -1,4 +1,4 @@
-"""Weak labels from a teacher checkpoint (docs/w2s.md) and the teacher's margins on every test split.
+"""The weak-label file (docs/w2s.md): where it lives, what it holds, how it is read -- no model in sight.
 
 For each pair of the student half, the order (a, b) is a seeded coin per pair id (so q is not always > 0.5)
 and q = σ(r_teacher(x, a) − r_teacher(x, b)). The teacher also scores every test split (a = chosen), so
@@ -8,8 +8,10 @@ records, the teacher's tokenization and the seed, written atomically: a second r
 reuses it.
 
 The teacher is a `RewardModelModule` checkpoint (.ckpt) or an outside reward model, `hf_classifier:<dir or hub id>`
-(any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md), scored whole with its own head and its
-own tokenizer, built exactly as `cli.py test --model.backbone hf_classifier:<dir>` builds it.
+(any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md). The data layer never loads it: the
+scoring (`lightning_modules/reward/weak_labeller.py`: `compute_weak_labels`, a `WeakLabeller`) is handed to the data
+module from above (`cli.py`), and writes the file with `write_weak_labels`; the data module only names the file,
+keys it and reads it.
 """
 from __future__ import annotations
 
@@ -17,14 +19,10 @@ import hashlib
 import json
 import math
 import os
-import pickle
-from typing import Optional
-
-import torch
+from typing import Optional, Protocol
 
 from datamodules.atomic_files import atomic_write_json
-from datamodules.preference.collate import PairCollator
-from datamodules.preference.pair_tokenization import PairTokenizer
+from datamodules.classifier_paths import canonical_classifier, classifier_source, is_hf_classifier, looks_like_path
 from datamodules.preference.prepared_index import file_sha256
 from datamodules.preference.records import fingerprint
 
@@ -46,8 +44,6 @@ def checkpoint_key(path: str, flag: str = "--data.teacher_checkpoint") -> str:
     keeps mtimes (`cp -p`, `rsync -a`) of other weights with the same sizes. The label cache therefore also keys the
     files' contents (`checkpoint_contents`).
     """
-    from lightning_modules.export.hf_classifier import classifier_source, is_hf_classifier, looks_like_path
-
     if not is_hf_classifier(path):
         st = os.stat(path)
         return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
@@ -70,8 +66,6 @@ def checkpoint_contents(path: str) -> str:
     answered from a cache keyed by size and mtime: a teacher rewritten with its old sizes and mtimes would otherwise
     hand its students the old teacher's labels, and their published accuracies would be the old teacher's students'.
     """
-    from lightning_modules.export.hf_classifier import classifier_source, is_hf_classifier, looks_like_path
-
     if not is_hf_classifier(path):
         return file_sha256(path)
     source = classifier_source(path)
@@ -117,50 +111,30 @@ def weak_label_path(cache_dir: str, teacher_checkpoint: str, student_records: li
     return os.path.join(cache_dir, "weak_labels", f"{key}.json")
 
 
-@torch.inference_mode()
-def score_pairs(model, tokenizer, records: list[dict], swaps: list[bool], max_length: int, truncation: str,
-                batch_size: int = 64) -> list[float]:
-    """Teacher margins r(a) − r(b) for each record, where (a, b) = (rejected, chosen) when swapped."""
-    tokenize = PairTokenizer(tokenizer, max_length, truncation)
-    collate = PairCollator(tokenizer.pad_token_id, tokenizer.padding_side)
-    margins: list[float] = [0.0] * len(records)
-    # Length-sorted batches: little padding; results are written back in the records' order.
-    enc = tokenize({k: [r[k] for r in records] for k in ("prompt", "chosen", "rejected")})
-    order = sorted(range(len(records)), key=lambda i: -max(len(enc["a_input_ids"][i]), len(enc["b_input_ids"][i])))
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        examples = []
-        for i in idx:
-            a, b = ("a", "b") if not swaps[i] else ("b", "a")
-            examples.append({"a_input_ids": enc[f"{a}_input_ids"][i], "a_response_start": enc[f"{a}_response_start"][i],
-                             "b_input_ids": enc[f"{b}_input_ids"][i], "b_response_start": enc[f"{b}_response_start"][i],
-                             "index": i})
-        batch = collate(examples)
-        batch = {k: v.to(model.device) for k, v in batch.items()}
-        for i, m in zip(idx, model.pair_margins(batch).float().cpu().tolist()):
-            margins[i] = m
-    return margins
+class WeakLabeller(Protocol):
+    """What the data module calls to label its student half (`compute_weak_labels` is one): score the pairs with the
+    teacher, write the file at `out_path` (`write_weak_labels`) and return its contents."""
+
+    def __call__(self, teacher_checkpoint: str, student_records: list[dict], test_records: dict[str, list[dict]],
+                 seed: int, max_length: int, truncation: str, out_path: str, batch_size: int = 64) -> dict: ...
 
 
-def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], test_records: dict[str, list[dict]],
-                        seed: int, max_length: int, truncation: str, out_path: str,
-                        batch_size: int = 64, device: Optional[str] = None) -> dict:
-    from datamodules.tokenizers import load_tokenizer
+def write_weak_labels(out_path: str, teacher_checkpoint: str, seed: int, teacher_tokenizer: str,
+                      labels: dict[str, list], teacher_margins: dict[str, dict[str, float]]) -> dict:
+    """Write the weak-label file atomically and return its contents (what `read_weak_labels` reads back).
 
-    model = load_teacher(teacher_checkpoint)
-    model.eval().to(device or "cpu")
-    tokenizer = load_tokenizer(model.tokenizer_name)
-    swaps = [swap_order(r["id"], seed) for r in student_records]
-    margins = score_pairs(model, tokenizer, student_records, swaps, max_length, truncation, batch_size)
-    labels = {r["id"]: [float(torch.sigmoid(torch.tensor(m))), s] for r, m, s in zip(student_records, margins, swaps)}
-    check_informative(margins, [q for q, _ in labels.values()], teacher_name(teacher_checkpoint))
-    teacher_margins = {}
-    for split, recs in test_records.items():
-        m = score_pairs(model, tokenizer, recs, [False] * len(recs), max_length, truncation, batch_size)
-        teacher_margins[split] = {r["id"]: v for r, v in zip(recs, m)}
+    Args:
+        out_path: the file (`weak_label_path`).
+        teacher_checkpoint: the teacher as given; recorded as `teacher_name`.
+        seed: the seed of the order coins (`swap_order`).
+        teacher_tokenizer: the tokenizer the teacher scored with.
+        labels: record id -> [q, swapped] on the student half, q = P(a ≻ b), swapped meaning a = rejected.
+        teacher_margins: test split name -> record id -> the teacher's chosen − rejected margin.
+    """
     payload = {
         "meta": {"teacher_checkpoint": teacher_name(teacher_checkpoint), "seed": seed, "pairs": len(labels),
-                 "teacher_tokenizer": model.tokenizer_name, "mean_q": sum(q for q, _ in labels.values()) / max(len(labels), 1),
+                 "teacher_tokenizer": teacher_tokenizer,
+                 "mean_q": sum(q for q, _ in labels.values()) / max(len(labels), 1),
                  "agreement_with_gold": gold_agreement(labels)},
         "labels": labels,
         "teacher_margins": teacher_margins,
@@ -169,35 +143,8 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
     return payload
 
 
-def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint"):
-    """The teacher as a `RewardModelModule`: loaded from a checkpoint, or an outside `hf_classifier:` model built as
-    `cli.py test` builds it (`classifier_init_args`)."""
-    from lightning_modules.checkpoint_checks import REWARD_CLASSES, load_checked
-    from lightning_modules.export.hf_classifier import (
-        check_classifier_source, classifier_init_args, is_hf_classifier,
-    )
-    from lightning_modules.reward.reward_model import RewardModelModule
-
-    if is_hf_classifier(teacher_checkpoint):
-        check_classifier_source(teacher_checkpoint, flag)
-        try:
-            return RewardModelModule(**classifier_init_args(teacher_checkpoint))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{flag} {teacher_checkpoint!r}: not a sequence-classification reward model that "
-                             f"loads: {err}") from err
-    # intact, a reward model's, finite: a corrupt or diverged teacher would label silently (all q = 0.5, or NaN)
-    load_checked(teacher_checkpoint, flag, REWARD_CLASSES)
-    try:
-        return RewardModelModule.load_from_checkpoint(teacher_checkpoint, map_location="cpu")
-    except (pickle.UnpicklingError, KeyError, RuntimeError, TypeError) as e:
-        raise ValueError(f"{flag} {teacher_checkpoint!r} is not a RewardModelModule checkpoint "
-                         f"of this version: {type(e).__name__}: {e}") from e
-
-
 def teacher_name(teacher_checkpoint: str) -> str:
     """The teacher as recorded in the label file: an absolute path (a directory's, after the prefix) or a hub id."""
-    from lightning_modules.export.hf_classifier import canonical_classifier, is_hf_classifier
-
     return canonical_classifier(teacher_checkpoint) if is_hf_classifier(teacher_checkpoint) else os.path.abspath(
         teacher_checkpoint)
 
@@ -239,7 +186,7 @@ def check_informative(margins: Optional[list[float]], qs: list[float], teacher: 
 
 
 def read_weak_labels(path: str, flag: str = "--data.weak_labels") -> dict:
-    """A weak-label file (as `compute_weak_labels` writes it), refused when its labels carry no information.
+    """A weak-label file (as `write_weak_labels` writes it), refused when its labels carry no information.
 
     Args:
         path: the JSON label file (a cached one, or one given by `--data.weak_labels`).

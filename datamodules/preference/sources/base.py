@@ -2,6 +2,10 @@
 
 A source knows where its rows live (a hub id, or local jsonl/parquet files in the same schema) and how to
 turn one raw row into a record of `datamodules.preference.records` -- or into the reason it is dropped.
+
+This module knows no source: each registers itself on import (`@register_source`, or its prefix in
+`SOURCE_PREFIXES`), and the package `datamodules.preference.sources` imports the built-in ones after this module.
+Python runs the package before any import of this module returns, so the registry is full when it is read.
 """
 from __future__ import annotations
 
@@ -41,7 +45,6 @@ def register_source(cls: type["PreferenceSource"]) -> type["PreferenceSource"]:
 
 def build_source(name: str, local_dir: Optional[str] = None, **options: Any) -> "PreferenceSource":
     """Instantiate a registered source by name (`local_dir`: files instead of the hub)."""
-    _import_builtin_sources()
     for prefix, cls in SOURCE_PREFIXES.items():
         if name.startswith(prefix):
             return cls(name, local_dir=local_dir, **options)
@@ -52,7 +55,6 @@ def build_source(name: str, local_dir: Optional[str] = None, **options: Any) -> 
 
 def is_known_source(name: str) -> bool:
     """A registered name, or a name of a registered prefix (`local:<path>`; the path is checked when loading)."""
-    _import_builtin_sources()
     return name in SOURCES or any(name.startswith(p) and len(name) > len(p) for p in SOURCE_PREFIXES)
 
 
@@ -62,11 +64,8 @@ def known_sources_hint() -> str:
 
 
 def _import_builtin_sources() -> None:
-    # Importing the modules registers their sources; kept lazy so `records`/`base` stay import-light.
-    import datamodules.preference.sources.hub  # noqa: F401
-    import datamodules.preference.sources.local_files  # noqa: F401
-    import datamodules.preference.sources.rewardbench  # noqa: F401
-    import datamodules.preference.sources.synthetic  # noqa: F401
+    """Nothing left to do: the package imported the built-in sources before this module could be reached (see the
+    module's docstring). Kept for callers written when this imported them (protocols/data_identity.py)."""
 
 
 Drop = str  # a normalize() result that is a string is the reason the row was dropped

@@ -1,4 +1,4 @@
-"""Protocol stages as SLURM jobs (`--launcher slurm`, docs/cluster.md), shared by both protocols.
+"""Protocol stages as SLURM jobs (`--launcher slurm`, docs/cluster.md), for any protocol (`protocols.engine.cluster` plans them).
 
 Each stage that is not finished becomes one `sbatch` job whose dependencies (`afterok`, with
 `--kill-on-invalid-dep=yes`) are the jobs of its upstream stages; the job runs the protocol's own command for that
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -27,118 +26,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from datamodules.atomic_files import atomic_write
+from protocols.engine.slurm_options import SlurmOptions, minutes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: the jobs import from it
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: jobs import it
 QUERY_TIMEOUT_S = 5.0  # one squeue / scontrol answer; a client that cannot reach the controller retries ~10 s
 SUBMIT_TIMEOUT_S = 60.0  # one sbatch: the controller answered the check just before, so this is a slow one
-
-
-@dataclass
-class SlurmOptions:
-    """Resources and site settings of the stage jobs (`--slurm.*`).
-
-    Args:
-        partition: `--partition` (empty: the cluster's default; a comma list: any of them).
-        nodes: nodes per stage; > 1 runs Lightning DDP across nodes through its SLURM environment (the stage's
-            trainer gets `--trainer.num_nodes`, `--trainer.devices` = `ntasks_per_node`, `--trainer.strategy ddp`).
-        gpus_per_node: GPUs per node (`--gpus-per-node`; 0: none asked).
-        ntasks_per_node: processes per node, one per device (default: `gpus_per_node`, at least 1).
-        cpus_per_task: CPU cores per process (`OMP_NUM_THREADS` follows it).
-        mem: memory per node (`--mem`, e.g. "64G"; empty: the partition's default).
-        time: wall-time limit per stage job (`--time`, e.g. "04:00:00"; empty: the partition's default time). Checked
-            against the partition's MaxTime before anything is submitted.
-        collect_time: wall-time limit of the collecting job (empty: the partition's default time).
-        account: `--account` (empty: none).
-        qos: `--qos` (empty: none).
-        extra: more `sbatch` flags, as given (e.g. ["--constraint=a100", "--exclusive"]).
-        setup: shell lines run before the protocol in each job (e.g. ["module load cuda/12.4",
-            "source .venv/bin/activate"]).
-        python: the Python that runs the jobs (empty: the one submitting them).
-    """
-
-    partition: str = ""
-    nodes: int = 1
-    gpus_per_node: int = 0
-    ntasks_per_node: Optional[int] = None
-    cpus_per_task: int = 1
-    mem: str = ""
-    time: str = ""  # no limit of ours: a fixed default (it was 4 h) is refused by partitions with a shorter MaxTime
-    collect_time: str = ""
-    account: str = ""
-    qos: str = ""
-    extra: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
-    python: str = ""
-
-    def __post_init__(self) -> None:
-        for flag in ("nodes", "cpus_per_task"):
-            if not isinstance(getattr(self, flag), int) or getattr(self, flag) < 1:
-                raise ValueError(f"--slurm.{flag} must be an integer >= 1, got {getattr(self, flag)!r}")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
-            raise ValueError(f"--slurm.gpus_per_node must be an integer >= 0, got {self.gpus_per_node!r}")
-        if self.ntasks_per_node is None:
-            self.ntasks_per_node = max(1, self.gpus_per_node)
-        if self.ntasks_per_node < 1:
-            raise ValueError(f"--slurm.ntasks_per_node must be >= 1, got {self.ntasks_per_node}")
-        if self.gpus_per_node and self.ntasks_per_node != self.gpus_per_node:
-            raise ValueError(f"--slurm.ntasks_per_node ({self.ntasks_per_node}) must equal --slurm.gpus_per_node "
-                             f"({self.gpus_per_node}): Lightning runs one process per device")
-        for flag in ("time", "collect_time"):
-            setattr(self, flag, str(getattr(self, flag) or "").strip())  # a YAML `time:` with no value is None
-            if getattr(self, flag) and minutes(getattr(self, flag)) is None:
-                raise ValueError(f"--slurm.{flag} {getattr(self, flag)!r} is no SLURM time limit: give minutes, "
-                                 "[HH:]MM:SS or D-HH[:MM[:SS]], e.g. 00:20:00, or leave it empty for the "
-                                 "partition's default")
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ntasks_per_node
-
-    def trainer_args(self) -> list[str]:
-        """What a stage's trainer needs to span the job's processes (none for one process)."""
-        if self.world_size == 1:
-            return []
-        return [f"--trainer.num_nodes={self.nodes}", f"--trainer.devices={self.ntasks_per_node}",
-                "--trainer.strategy=ddp"]
-
-    def sbatch_flags(self, collect: bool = False) -> list[str]:
-        """The job's resources: a stage gets the nodes and tasks; the collecting job one task of one core."""
-        limit = self.collect_time if collect else self.time
-        flags = [f"--time={limit}"] if limit else []
-        if not collect:
-            flags += [f"--nodes={self.nodes}", f"--ntasks-per-node={self.ntasks_per_node}",
-                      f"--cpus-per-task={self.cpus_per_task}"]
-            if self.gpus_per_node:
-                flags.append(f"--gpus-per-node={self.gpus_per_node}")
-            if self.mem:
-                flags.append(f"--mem={self.mem}")
-        else:
-            flags += ["--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
-        for flag in ("partition", "account", "qos"):
-            if getattr(self, flag):
-                flags.append(f"--{flag}={getattr(self, flag)}")
-        return flags + list(self.extra)
-
-
-def minutes(limit: str) -> Optional[float]:
-    """A SLURM time limit in minutes ("30", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"); infinity for
-    UNLIMITED / INFINITE; None when it is no time limit."""
-    limit = limit.strip()
-    if limit.upper() in ("UNLIMITED", "INFINITE"):
-        return float("inf")
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit)
-    if not match:
-        return None
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        parts = [int(days) * 24 + int(a), int(b or 0), int(c or 0)]
-    elif c is not None:  # HH:MM:SS
-        parts = [int(a), int(b), int(c)]
-    elif b is not None:  # MM:SS
-        parts = [0, int(a), int(b)]
-    else:  # minutes
-        parts = [0, int(a), 0]
-    return parts[0] * 60 + parts[1] + parts[2] / 60
 
 
 # ---- bounded calls to SLURM ----------------------------------------------------------------------------------------
@@ -437,97 +329,3 @@ def wait_for(job_ids: list[str], timeout: float = 3600.0, poll: float = 2.0) -> 
             raise TimeoutError(f"jobs still in flight after {timeout:.0f} s: "
                                f"{answer.unreachable or states}")
         time.sleep(poll)
-
-
-# ---- --status ---------------------------------------------------------------------------------------------------
-def state_of(job: Optional[dict], finished: bool, states: JobStates) -> str:
-    """A row's state for `--status`. A job still queued or running comes first (a stage finished on disk with a job
-    in flight is being run again, a table with one is being rewritten); then what is on disk: done whatever SLURM
-    remembers; then the job's end (failed with SLURM's state, or forgotten), or "unknown" when SLURM could not be
-    asked."""
-    state = states.of(job["job_id"]) if job else None
-    if state in IN_FLIGHT:
-        return "queued" if state == "PENDING" else "running"
-    if finished:
-        return "done"
-    if not job:
-        return "not started"
-    if states.unreachable:
-        return UNREACHABLE
-    if state is None:
-        return f"failed (job {job['job_id']} ended without a result; SLURM no longer remembers how)"
-    return "failed (COMPLETED without a result)" if state == "COMPLETED" else f"failed ({state})"
-
-
-def job_row(key: str, job: Optional[dict], state: str, states: JobStates, log: Optional[str] = None) -> dict:
-    """A status row; its log is the job's, else `log` (the stage's own), and only a file that exists (a job that
-    never ran has none)."""
-    logs = [path for path in ((job or {}).get("log"), log) if path and os.path.isfile(path)]
-    row = {"stage": key, "state": state, "job_id": (job or {}).get("job_id"), "log": logs[0] if logs else None}
-    if state == UNREACHABLE:
-        row["note"] = states.unreachable
-    return row
-
-
-def collect_row(job_path: str, table_path: str, states: JobStates) -> dict:
-    """The status row of a protocol's collecting job: done when the table on disk is newer than the recorded job
-    (that job, or a local run after it, wrote it), whatever SLURM remembers, unless that job is still queued or
-    running; an older table is a previous run's, and the row is the recorded job's end. Both times are the file
-    system's own (mtimes), so clocks of other hosts do not matter."""
-    job = read_job(job_path)
-    table = _mtime(table_path)
-    finished = table is not None and (job is None or table >= (_mtime(job_path) or 0.0))
-    return job_row(COLLECT, job, state_of(job, finished, states), states)
-
-
-def _mtime(path: str) -> Optional[float]:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
-def status_table(rows: list[dict]) -> str:
-    """Markdown table of stages: name, state, job id, log."""
-    lines = ["| stage | state | job | log |", "|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['stage']} | {r['state']} | {r.get('job_id') or ''} | {r.get('log') or ''} |")
-    return "\n".join(lines)
-
-
-def print_status(rows: list[dict]) -> None:
-    """The status table, a count per state, and a line saying so when SLURM could not be reached."""
-    print(status_table(rows))
-    counts: dict[str, int] = {}
-    for r in rows:
-        state = r["state"].split(" (")[0]
-        counts[state] = counts.get(state, 0) + 1
-    print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    unknown = [r for r in rows if r["state"] == UNREACHABLE]
-    if unknown:
-        print(f"SLURM unreachable: the state of {len(unknown)} job(s) is unknown ({unknown[0]['note']}); what is "
-              "finished on disk reads as done. Check SLURM_CONF and `scontrol ping`, then ask --status again.")
-
-
-def add_slurm_arguments(parser) -> None:
-    """`--slurm.<field>` for every field of `SlurmOptions`, on an argparse parser (the mixture protocol's; the W2S
-    protocol's jsonargparse parser takes the dataclass itself)."""
-    import dataclasses
-    import typing
-
-    hints = typing.get_type_hints(SlurmOptions)
-    for f in dataclasses.fields(SlurmOptions):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kind = hints[f.name]
-        if kind == list[str]:
-            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", action="append", default=default,
-                                help="repeatable")
-        else:
-            conv = int if kind in (int, Optional[int]) else str
-            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", type=conv, default=default)
-
-
-def options_from_args(args) -> SlurmOptions:
-    import dataclasses
-
-    return SlurmOptions(**{f.name: getattr(args, f"slurm_{f.name}") for f in dataclasses.fields(SlurmOptions)})

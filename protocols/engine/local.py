@@ -1,0 +1,215 @@
+"""Run a protocol's stages here: one after another in this process (`workers=1`: the W2S protocol, whose fits run
+in-process and may span DDP ranks), or up to `workers` at once on threads (the mixture, whose stages are
+subprocesses), each stage as soon as the stages it reads are done.
+
+Every decision is the engine's and the same for every protocol and executor (`decide`): a stage whose upstream
+results block it takes the protocol's stand-in result; a finished stage of the same identity is reused; a finished
+stage of another identity is refused unless forced; a stage reading a forced one follows it; everything else runs,
+under its own lock (`<root>/.stages/<key>/.lock`), so a cluster job and a local run never run one stage at once.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import os
+import threading
+import time
+from contextlib import nullcontext
+from typing import Callable, Optional
+
+from protocols.engine.progress import Progress
+from protocols.engine.spec import Hooks, StageSpec, stage_folder
+from protocols.run_files import OutDirLock, is_global_zero
+from protocols.stage_identity import ForceSpec, refusal
+
+
+def refuse_changed(specs: list[StageSpec], hooks: Hooks, force: ForceSpec) -> list[str]:
+    """Before any work: every finished stage whose configuration or data changed, refused at once naming each
+    (changes of upstream runs are known only as stages run: `decide`). Returns the folders of the finished stages
+    that `--force` will run again."""
+    changed, forced = [], []
+    for spec in specs:
+        finished = hooks.finished(spec)
+        if finished is None:
+            continue
+        if force.forces(spec.name, spec.seed):
+            forced.append(hooks.where(spec))
+            continue
+        identity = hooks.identity(spec, {})
+        diff = hooks.changes(spec, finished, {k: v for k, v in identity.items() if k != "upstream"})
+        if diff:
+            changed.append((hooks.where(spec), diff))
+    if changed:
+        raise refusal(changed)
+    return forced
+
+
+def decide(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSpec,
+           forced_keys: set[str]) -> tuple[str, Optional[dict], dict, bool]:
+    """("blocked" | "reuse" | "run", the result when not run, the identity, forced) of a stage whose upstream
+    stages are done; a finished stage of another identity is refused (`StageChangedError`)."""
+    upstream = {u: results[u] for u in spec.upstream}
+    blocked = hooks.blocked(spec, upstream)
+    if blocked is not None:
+        return "blocked", blocked, {}, False
+    identity = hooks.identity(spec, upstream)
+    forced = force.forces(spec.name, spec.seed) or any(u in forced_keys for u in spec.upstream)
+    finished = hooks.finished(spec)
+    if finished is not None and not forced:
+        diff = hooks.changes(spec, finished, identity)
+        if diff:
+            raise refusal([(hooks.where(spec), diff)])
+        return "reuse", finished, identity, False
+    return "run", None, identity, forced
+
+
+def stage_lock(hooks: Hooks, spec: StageSpec):
+    """The stage's own lock; global rank 0 holds it (under DDP every rank runs the stage, inside rank 0's lock)."""
+    return OutDirLock(stage_folder(hooks.root, spec.key), what="stage") if is_global_zero() else nullcontext()
+
+
+def run_local(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: int = 1,
+              progress: Optional[Progress] = None,
+              between: Optional[Callable[[StageSpec, StageSpec], None]] = None) -> dict[str, dict]:
+    """Every stage, in dependency order; returns key -> result. `between(previous, next)`: called between two
+    stages in order (W2S frees a seed's shared stores when the next stage is another seed's); sequential only."""
+    progress = progress or Progress(specs, hooks)
+    if workers <= 1:
+        results: dict[str, dict] = {}
+        forced_keys: set[str] = set()
+        for i, spec in enumerate(specs):
+            if i and between is not None:
+                between(specs[i - 1], spec)
+            with stage_lock(hooks, spec):
+                results[spec.key] = _one(spec, hooks, results, force, forced_keys, progress)
+        return results
+    return _run_parallel(specs, hooks, force, workers, progress)
+
+
+def _one(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSpec, forced_keys: set[str],
+         progress: Progress) -> dict:
+    action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
+    if action == "reuse":
+        result = hooks.reuse(spec, result, identity)
+    elif action == "run":
+        if forced:
+            forced_keys.add(spec.key)
+        progress.starting(spec)
+        start = time.time()
+        result = hooks.run(spec, {u: results[u] for u in spec.upstream}, identity, forced)
+        progress.ran(spec, result, time.time() - start)
+        return result
+    progress.settled(spec, action, result)
+    return result
+
+
+def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: int,
+                  progress: Progress) -> dict[str, dict]:
+    """Decisions (identities, reuse, refusal) in this thread, in declared order as stages become ready; runs on up
+    to `workers` threads. The first error stops new stages; running ones finish, then it is raised."""
+    results: dict[str, dict] = {}
+    forced_keys: set[str] = set()
+    pending = list(specs)
+    running: dict[futures.Future, tuple[StageSpec, OutDirLock, float]] = {}
+    error: Optional[BaseException] = None
+    guard = threading.Lock()
+    with futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        while pending or running:
+            ready = [s for s in pending if all(u in results for u in s.upstream)] if error is None else []
+            for spec in ready:
+                if len(running) >= workers:
+                    break
+                pending.remove(spec)
+                lock = stage_lock(hooks, spec)
+                lock.__enter__()
+                try:
+                    action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
+                except BaseException as err:  # noqa: BLE001 -- a refusal: stop starting, finish the running
+                    lock.__exit__(None, None, None)
+                    error = err
+                    break
+                if action != "run":
+                    if action == "reuse":
+                        result = hooks.reuse(spec, result, identity)
+                    lock.__exit__(None, None, None)
+                    results[spec.key] = result
+                    progress.settled(spec, action, result)
+                    continue
+                if forced:
+                    forced_keys.add(spec.key)
+                progress.starting(spec)
+                upstream = {u: results[u] for u in spec.upstream}
+                future = pool.submit(hooks.run, spec, upstream, identity, forced)
+                running[future] = (spec, lock, time.time())
+            if not running:
+                if error is not None or not pending:
+                    break
+                raise RuntimeError(f"stages {[s.key for s in pending]} wait for stages that never ran")  # a defect
+            done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                spec, lock, start = running.pop(future)
+                lock.__exit__(None, None, None)
+                with guard:
+                    try:
+                        results[spec.key] = future.result()
+                        progress.ran(spec, results[spec.key], time.time() - start)
+                    except BaseException as err:  # noqa: BLE001 -- raised once the running stages finished
+                        error = error or err
+    if error is not None:
+        raise error
+    return results
+
+
+def run_one(specs: list[StageSpec], hooks: Hooks, key: str, force: ForceSpec) -> dict:
+    """One stage (a cluster job's work, `--stage KEY`) from its upstream stages' finished results on disk, under its
+    own lock; refused while an upstream stage has not finished."""
+    by_key = {s.key: s for s in specs}
+    if key not in by_key:
+        raise ValueError(f"--stage {key!r}: no such stage; the stages are {list(by_key)}")
+    spec = by_key[key]
+    results = {}
+    for up in spec.upstream:
+        finished = hooks.finished(by_key[up])
+        if finished is None:
+            raise RuntimeError(f"stage {key} reads {up}, which has not finished ({hooks.where(by_key[up])})")
+        results[up] = finished
+    with stage_lock(hooks, spec):
+        return _one(spec, hooks, results, force, set(), Progress([spec], hooks, quiet=True))
+
+
+def results_on_disk(specs: list[StageSpec], hooks: Hooks) -> dict[str, dict]:
+    """What `--collect` publishes: each stage's finished result, checked as a run checks it (a changed stage is
+    refused), or, for a stage that did not finish, what the protocol records of it (`hooks.recorded`, else
+    `hooks.missing`: W2S has neither, and the collection is refused naming the stage; the mixture reports the
+    failure)."""
+    results: dict[str, dict] = {}
+    missing = []
+    for spec in specs:
+        upstream = {u: results[u] for u in spec.upstream if u in results}
+        blocked = hooks.blocked(spec, upstream) if len(upstream) == len(spec.upstream) else None
+        if blocked is not None:
+            results[spec.key] = blocked
+            continue
+        finished = hooks.finished(spec)
+        if finished is not None and len(upstream) == len(spec.upstream):
+            identity = hooks.identity(spec, upstream)
+            diff = hooks.changes(spec, finished, identity)
+            if diff:
+                raise refusal([(hooks.where(spec), diff)])
+            results[spec.key] = hooks.reuse(spec, finished, identity)
+            continue
+        recorded = hooks.recorded(spec) or hooks.missing(spec)
+        if recorded is None:
+            missing.append(spec.key)
+        else:
+            results[spec.key] = recorded
+    if missing:
+        raise RuntimeError(f"--collect: {len(missing)} stage(s) have not finished: {missing} (--status shows why)")
+    return results
+
+
+def sweep(folder: str) -> None:
+    """Remove temp files of dead writers in a folder a run reads (`datamodules.atomic_files.remove_orphans`)."""
+    from datamodules.atomic_files import remove_orphans
+
+    if is_global_zero() and os.path.isdir(folder):
+        remove_orphans(folder)

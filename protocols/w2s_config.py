@@ -1,0 +1,269 @@
+"""The W2S protocol's configuration: its methods (`Method`) and the protocol itself (`W2SProtocol`), each checked
+when built, before any stage is planned (docs/w2s.md)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Optional, Union
+
+from lightning_modules.export.hf_classifier import (
+    PREFIX as HF_CLASSIFIER, canonical_classifier, check_classifier_source, classifier_init_args, classifier_source,
+    is_hf_classifier,
+)
+from lightning_modules.reward.objectives import objective_class_path
+from protocols.teacher_search import TeacherSearch, value_label
+
+
+@dataclass
+class Method:
+    """One student method: a preference objective, optionally anchored.
+
+    Args:
+        name: row name in the results (e.g. "naive", "anchor_lam100").
+        objective: the preference objective: a registry name ("naive", "confidence", "gold"), a class name in
+            `lightning_modules.reward.objectives` ("SoftBradleyTerry", "ConfidenceW2S", ...) or a dotted path.
+        objective_args: its init arguments (e.g. {"aux_coef": 0.5}).
+        anchor_coef: ANCHOR's λ (0 = no anchor).
+        anchor_layers: anchored depth fractions (1.0 = last layer).
+        args: extra `cli.py` arguments for this method's stages.
+        sweep: one hyperparameter the method sweeps, {"--model.<flag>": [values]}: one stage per value
+            (`<name>@<flag>=<value>`), and one row, the value chosen per seed by the protocol's model-selection
+            rule (`protocols.model_selection`: `id_val`, and `oracle_target` reported beside it as an upper bound).
+        from_method: evaluate an earlier method's checkpoints instead of fitting: `cli.py validate` + `cli.py test`
+            with this method's arguments (WiSE-FT: `--model.wise_ft_alpha`). Costs evaluations only. A swept source
+            gives, per seed, its `id_val` pick (WiSE-FT of the selected ANCHOR student); the result names the stage
+            it evaluated (`evaluated`).
+        checkpoint: "best" or "last", overriding the protocol's `student_checkpoint` for this method: "best" with
+            frequent validation is early stopping on the ID validation split.
+    """
+
+    name: str
+    objective: str = "SoftBradleyTerry"
+    objective_args: dict = field(default_factory=dict)
+    anchor_coef: float = 0.0
+    anchor_layers: list[float] = field(default_factory=lambda: [1.0])
+    args: list[str] = field(default_factory=list)
+    sweep: dict = field(default_factory=dict)
+    from_method: Optional[str] = None
+    checkpoint: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if len(self.sweep) > 1:
+            raise ValueError(f"method {self.name!r}: sweep takes one flag (one hyperparameter per row), got "
+                             f"{sorted(self.sweep)}")
+        for flag, values in self.sweep.items():
+            if not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", flag):
+                raise ValueError(f"method {self.name!r}: sweep key {flag!r} is not a cli.py flag like "
+                                 "'--model.anchor_coef'")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"method {self.name!r}: sweep {flag} needs a non-empty list of values")
+            labels = [value_label(v) for v in values]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"method {self.name!r}: sweep {flag} repeats a value: {values}")
+        if self.checkpoint not in (None, "best", "last"):
+            raise ValueError(f"method {self.name!r}: checkpoint must be 'best' or 'last', got {self.checkpoint!r}")
+
+    @property
+    def sweep_flag(self) -> Optional[str]:
+        return next(iter(self.sweep), None)
+
+    def variants(self) -> list[tuple[str, Any, list[str]]]:
+        """(stage name, swept value, extra arguments) per stage of the method; one (name, None, []) unswept."""
+        if not self.sweep:
+            return [(self.name, None, [])]
+        flag = self.sweep_flag
+        short = flag.rsplit(".", 1)[-1]
+        return [(f"{self.name}@{short}={value_label(v)}", v, [f"{flag}={json.dumps(v)}"]) for v in self.sweep[flag]]
+
+    def objective_class_path(self) -> str:
+        """The dotted path `--model.objective` takes, whatever form `objective` was given in."""
+        try:
+            return objective_class_path(self.objective)
+        except ValueError as err:
+            raise ValueError(f"method {self.name!r}: objective: {err}") from None
+
+    def cli_args(self) -> list[str]:
+        objective = {"class_path": self.objective_class_path(), "init_args": self.objective_args}
+        return [f"--model.objective={json.dumps(objective)}", f"--model.anchor_coef={self.anchor_coef}",
+                f"--model.anchor_layers={json.dumps(self.anchor_layers)}", *self.args]
+
+
+MODEL_OPTIONS = ("objective", "objective_args", "anchor_coef", "anchor_layers")  # what a checkpoint's hparams fix
+
+
+def _default(cls, name: str) -> Any:
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def _defaults(cls) -> dict[str, Any]:
+    """The declared defaults of a dataclass's fields (those that have one)."""
+    return {f.name: _default(cls, f.name) for f in fields(cls)
+            if f.default is not MISSING or f.default_factory is not MISSING}
+
+
+@dataclass
+class W2SProtocol:
+    """Protocol configuration.
+
+    Args:
+        out_dir: where stages, results and figures go.
+        trainer_configs: `cli.py` config files with the trainer settings (shared by all stages).
+        data_configs: config files of the PreferenceDataModule (source, OOD targets, ...).
+        student_configs: config files of the strong student model (shared by the ceiling and every method).
+        methods: the student methods.
+        teacher_configs: config files of the weak teacher model (trained on gold labels of the teacher half);
+            empty with `teacher_pretrained`.
+        teacher_pretrained: an outside reward model as the teacher, "hf_classifier:<dir or hub id>" (any
+            `…ForSequenceClassification` with one output, e.g. a `cli.py export` directory): not trained; its
+            stage only runs `cli.py test` (ID + OOD splits) and the students' weak labels are its margins. It is
+            scored with its own head and tokenizer, as `cli.py test --model.backbone hf_classifier:<dir>` does;
+            `teacher_args` still apply (data and trainer flags; model flags other than these are refused).
+        zero_shot: outside reward models ("hf_classifier:<dir or hub id>") tested as is on every split, with
+            WRG / AOG / NTS against the teacher on the same pairs: extra rows `zero_shot_<directory name>`.
+        zero_shot_args: extra `cli.py` arguments of the zero-shot stages (data flags that must match the other
+            stages', e.g. `--data.max_length`).
+        seeds: one teacher, one label set, one ceiling and one student per method, per seed.
+        ceiling: train the ceiling (student on gold labels of the student half) and report PGR.
+        teacher_args: extra `cli.py` arguments of the teacher stages.
+        student_args: extra `cli.py` arguments of the ceiling and student stages.
+        teacher_checkpoint: "best" (by gold validation accuracy; the teacher is trained on gold labels) or "last".
+        teacher_search: the weak teacher's fitted recipe (`protocols.teacher_search`, docs/teacher_structure.md):
+            the teacher stage fits one teacher per candidate value of a knob and keeps the one whose structure on the
+            validation split (read with the response-only shortcut probe) is closest to the target; the choice,
+            every candidate's figures and the chosen teacher's structure go to the stage's result.json and the
+            table. null: the teacher is fitted once, as `teacher_args` say.
+        student_checkpoint: "last" (default: selecting students on gold validation labels would leak gold
+            supervision into W2S) or "best".
+        drift: add the drift-diagnostics callback to student stages and report its final values.
+        paired_reference: the method every other is compared with, seed by seed (NTS(reference) − NTS(X), mean and
+            95% interval); a list: one paired table per reference, the first the headline (`paired` in
+            results.json; all in `paired_by_reference`); null: no paired table. A name that is not a method is
+            refused, except the default "anchor" when no method is named so (then no paired table).
+        results_name: the folder of this configuration's published set, `<out_dir>/<results_name>/`. The default
+            "results" is linked as `<out_dir>/results.md|json|csv`, `protocol.json`, `figures`; another name as
+            `<out_dir>/<results_name>.md|json|csv`. Two configurations that share an out_dir (and so reuse each
+            other's stages) each need their own name: a set belongs to the configuration that made it, and another
+            one is refused before any work rather than replacing its rows (docs/reruns.md).
+    """
+
+    out_dir: str
+    trainer_configs: list[str]
+    data_configs: list[str]
+    student_configs: list[str]
+    methods: list[Method]
+    teacher_configs: list[str] = field(default_factory=list)
+    teacher_pretrained: Optional[str] = None
+    zero_shot: list[str] = field(default_factory=list)
+    zero_shot_args: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    ceiling: bool = True
+    teacher_args: list[str] = field(default_factory=list)
+    student_args: list[str] = field(default_factory=list)
+    teacher_checkpoint: str = "best"
+    teacher_search: Optional[TeacherSearch] = None
+    student_checkpoint: str = "last"
+    drift: bool = True
+    paired_reference: Union[str, list[str], None] = "anchor"
+    results_name: str = "results"
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--methods has duplicate names: {names}")
+        reserved = {"teacher", "ceiling"} & set(names)
+        if reserved:
+            raise ValueError(f"--methods may not be named {sorted(reserved)} (reserved rows)")
+        self._check_outside_models(names)
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
+        if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
+            raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
+        for i, method in enumerate(self.methods):
+            method.objective_class_path()  # an unknown objective fails here, naming the method
+            if method.from_method is not None:
+                earlier = {m.name: m for m in self.methods[:i]}
+                source = earlier.get(method.from_method)
+                if source is None or source.from_method:
+                    raise ValueError(f"method {method.name!r}: from_method {method.from_method!r} must name an "
+                                     "earlier method that fits its checkpoints (not one that evaluates another's)")
+                own = [k for k in MODEL_OPTIONS if getattr(method, k) != _default(Method, k)]
+                if own:  # the checkpoint's hyperparameters build the model: the source's options, not its own
+                    raise ValueError(f"method {method.name!r} evaluates {method.from_method!r}'s checkpoints, whose "
+                                     f"model options it takes: drop its own {own}")
+        for flag in ("teacher_checkpoint", "student_checkpoint"):
+            if getattr(self, flag) not in ("best", "last"):
+                raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
+        if not self.seeds:
+            raise ValueError("--seeds must list at least one seed")
+        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+        if repeated:  # the table would say "over N seeds" of fewer runs
+            raise ValueError(f"--seeds repeats {repeated}: {self.seeds}; each seed is one run of every stage, list "
+                             "it once")
+        self._check_paired_reference(names)
+        self._check_results_name(names)
+        if self.teacher_pretrained and self.teacher_configs:
+            raise ValueError("give either --teacher_configs (a teacher trained here) or --teacher_pretrained (an "
+                             f"outside model tested as is), not both: got {self.teacher_configs} and "
+                             f"{self.teacher_pretrained!r}")
+        if self.teacher_search is not None and self.teacher_pretrained:
+            raise ValueError("--teacher_search fits the teacher, --teacher_pretrained tests an outside one as is: "
+                             "give one of them")
+        if not self.teacher_pretrained and not self.teacher_configs:
+            raise ValueError("--teacher_configs is empty: give the teacher's model config files, or an outside "
+                             "teacher as --teacher_pretrained hf_classifier:<dir or hub id>")
+        for path in [*self.trainer_configs, *self.data_configs, *self.teacher_configs, *self.student_configs]:
+            if not os.path.isfile(path):
+                raise ValueError(f"config file {path!r} does not exist")
+
+    def _check_paired_reference(self, method_names: list[str]) -> None:
+        if self.paired_reference is None:
+            return
+        references = self.paired_reference if isinstance(self.paired_reference, list) else [self.paired_reference]
+        if self.paired_reference == _default(W2SProtocol, "paired_reference") and references[0] not in method_names:
+            return  # the default names ANCHOR's usual row; a protocol without one has no paired table
+        unknown = [r for r in references if r not in method_names]
+        if unknown or not references:
+            raise ValueError(f"--paired_reference {self.paired_reference!r}: {unknown or 'an empty list'} names no "
+                             f"method; the methods are {method_names} (null: no paired table)")
+
+    def _check_results_name(self, method_names: list[str]) -> None:
+        name = self.results_name
+        taken = {"logs", "figures", *method_names} | {f"seed{s}" for s in self.seeds}
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or name in taken or name.endswith(".stale"):
+            raise ValueError(f"--results_name {name!r} must be a plain folder name (letters, digits, _ . -) that no "
+                             f"stage or seed folder of the out_dir uses ({sorted(taken)})")
+
+    def _check_outside_models(self, method_names: list[str]) -> None:
+        """Outside models: the `hf_classifier:` prefix, a directory that holds a classifier (before any work), one
+        absolute path whatever the working directory, and zero-shot row names that collide with nothing."""
+        if self.teacher_pretrained is not None:
+            self.teacher_pretrained = _outside_model(self.teacher_pretrained, "--teacher_pretrained")
+        self.zero_shot = [_outside_model(m, "--zero_shot") for m in self.zero_shot]
+        names = [zero_shot_name(m) for m in self.zero_shot]
+        clash = sorted({n for n in names if names.count(n) > 1 or n in method_names})
+        if clash:
+            raise ValueError(f"--zero_shot: the row names {clash} (zero_shot_<directory or hub name>) repeat or are "
+                             "method names; give the models distinct directory names")
+
+
+def _outside_model(spec: str, flag: str) -> str:
+    if not is_hf_classifier(spec):
+        raise ValueError(f"{flag} {spec!r}: give an outside reward model as '{HF_CLASSIFIER}<dir or hub id>'")
+    check_classifier_source(spec, flag)
+    return canonical_classifier(spec)
+
+
+def zero_shot_name(spec: str) -> str:
+    """The row and stage folder of a zero-shot model: `zero_shot_` + its directory's (or hub id's) last part."""
+    base = os.path.basename(classifier_source(spec).rstrip("/")) or "model"
+    return "zero_shot_" + re.sub(r"[^A-Za-z0-9_.-]", "_", base)
+
+
+def outside_model_args(spec: str, extra: list[str]) -> list[str]:
+    """The `cli.py` arguments of an outside classifier's stage: `cli.py test --model.backbone hf_classifier:X
+    --model.tokenizer X` (the arguments the weak labels build it from: `classifier_init_args`). The `extra` stage
+    arguments go after the class (so `--model.*` flags among them parse) and before the model's own two, which win."""
+    return ["--model.class_path=lightning_modules.reward.reward_model.RewardModelModule", *extra,
+            *[f"--model.{k}={v}" for k, v in classifier_init_args(spec).items()]]

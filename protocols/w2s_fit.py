@@ -1,0 +1,155 @@
+"""What a W2S stage runs: `cli.py fit` (once, or once per candidate of the teacher search) then `cli.py test` on the
+checkpoint it keeps (`run_stage`), or, for a stage that fits nothing, `cli.py validate` + `test` of an outside model
+or of another stage's checkpoint (`run_test_stage`). Every command goes to the stage's `commands.sh`; the result to
+its `result.json`, atomically, when it is complete."""
+from __future__ import annotations
+
+import os
+import shlex
+import time
+import uuid
+from typing import Any, Optional
+
+from datamodules.atomic_files import atomic_write, atomic_write_json
+from protocols.rank_errors import on_rank_zero
+from protocols.run_files import is_global_zero
+from protocols.w2s_stages import Stage
+
+
+def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
+    """`cli.py fit` (once, or once per candidate of the teacher search) then `cli.py test` on the selected
+    checkpoint; returns (and, on rank 0, stores) the results."""
+    from cli import main
+
+    commands: list[list[str]] = []
+    runs: list[str] = []
+    extra: dict[str, Any] = {}
+
+    def fit_once(more: list[str], folder: str) -> tuple[Any, str, Optional[float]]:
+        fit_args = ["fit", *args, *more, *stage.location_args("fit", folder)]
+        commands.append(fit_args)
+        _write_commands(stage.dir, commands)
+        fit = main(fit_args)
+        # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
+        runs.append(fit.trainer.strategy.broadcast(uuid.uuid4().hex))
+        ckpt = _selected_checkpoint(fit.trainer, stage, folder)
+        return fit, ckpt, selected_val_acc(fit.trainer, stage)
+
+    start = time.time()
+    if stage.search is not None:
+        from protocols.shortcut_probe import measure
+        from protocols.teacher_search import run_search
+
+        def candidate(more: list[str], folder: str) -> tuple[str, Optional[float]]:
+            fit, ckpt, val_acc = fit_once(more, folder)
+            del fit
+            return ckpt, val_acc
+
+        data_init = (stage.config.get("data") or {}).get("init_args") or {}
+        max_epochs = (stage.config.get("trainer") or {}).get("max_epochs")
+        extra["teacher_search"] = run_search(stage.search, stage.dir, args, data_init, stage.seed, candidate,
+                                             max_epochs)
+        ckpt = extra["teacher_search"]["checkpoint"]
+        val_acc = extra["teacher_search"]["val_acc"]
+        args = [*args, *extra["teacher_search"]["chosen_args"]]
+        extra["teacher_structure"] = measure(ckpt, data_init, stage.seed)  # the chosen one: report only
+        drift = teacher_labels = None
+    else:
+        fit, ckpt, val_acc = fit_once([], stage.dir)
+        drift_cb = _find_drift_callback(fit.trainer)
+        # the kept checkpoint's drift ({"id"|"ood_mean": measure -> layer<k> -> …}), not the final weights'
+        drift = drift_cb.summary(step=checkpoint_step(ckpt)) if drift_cb is not None else None
+        teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
+        del fit
+    fit_seconds = time.time() - start
+    test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
+    _write_commands(stage.dir, [*commands, test_args])
+    test = main(test_args)
+    result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
+              "val_acc": val_acc, "identity": identity, "run": runs[-1], "args": args, **extra}
+    if drift:
+        result["drift"] = drift
+    if teacher_labels:
+        result["teacher_labels"] = teacher_labels
+    on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
+    return result
+
+
+def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Optional[str] = None) -> dict:
+    """A stage that fits nothing: an outside model's (`cli.py test` only; "checkpoint" is the model itself,
+    `hf_classifier:...`, which the students' `--data.teacher_checkpoint` then takes), or one that evaluates another
+    stage's checkpoint (`evaluates`, `--ckpt_path` among `args`: `cli.py validate`, for model selection, then
+    `cli.py test`; `evaluated`: that stage's name). Its result has a fitted stage's keys."""
+    from cli import main
+
+    commands, val_acc = [], None
+    start = time.time()
+    if stage.evaluates:
+        commands.append(["validate", *args, *stage.location_args("validate"), "--verbose=false"])
+        _write_commands(stage.dir, commands)
+        validated = main(commands[-1])
+        val_acc = round(100.0 * float(validated.trainer.callback_metrics["val/acc"]), 2)
+        del validated
+    commands.append(["test", *args, *stage.location_args("test"), "--verbose=false"])
+    _write_commands(stage.dir, commands)
+    test = main(commands[-1])
+    run = test.trainer.strategy.broadcast(uuid.uuid4().hex)  # as in `run_stage`: the same id on every rank
+    checkpoint = stage.pretrained or next(a.split("=", 1)[1] for a in args if a.startswith("--ckpt_path="))
+    result = {"test": test.model.test_results, "checkpoint": checkpoint, "fit_seconds": 0.0,
+              "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "identity": identity, "run": run,
+              "args": args, "pretrained": stage.pretrained}
+    if evaluated:
+        result["evaluated"] = evaluated
+    on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
+    return result
+
+
+def selected_val_acc(trainer, stage: Stage) -> Optional[float]:
+    """The ID validation accuracy (percent) of the checkpoint the stage keeps: the best one's score, or the last
+    validation's (run after the last training step) for "last". The model-selection rule `id_val` reads it."""
+    callback = trainer.checkpoint_callback
+    if stage.checkpoint == "best" and callback is not None and callback.best_model_score is not None:
+        return round(100.0 * float(callback.best_model_score), 2)
+    value = trainer.callback_metrics.get("val/acc")
+    return None if value is None else round(100.0 * float(value), 2)
+
+
+def _selected_checkpoint(trainer, stage: Stage, folder: Optional[str] = None) -> str:
+    callback = trainer.checkpoint_callback
+    if stage.checkpoint == "best" and callback is not None and callback.best_model_path:
+        return callback.best_model_path  # the same path on every rank (ModelCheckpoint broadcasts its folder)
+    # The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run).
+    path = os.path.join(folder or stage.dir, "final.ckpt")
+    trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes it whole (AtomicCheckpointIO)
+    trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
+    return path
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step a checkpoint was saved at (memory-mapped: the weights are not read)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+
+
+def _find_drift_callback(trainer) -> Any:
+    for cb in trainer.callbacks:
+        if type(cb).__name__ == "DriftDiagnosticsCallback":
+            return cb
+    return None
+
+
+def _write_commands(stage_dir: str, commands: list[list[str]]) -> None:
+    on_rank_zero(f"write {stage_dir}/commands.sh", atomic_write, os.path.join(stage_dir, "commands.sh"),
+                 "".join("python cli.py " + " ".join(shlex.quote(a) for a in c) + "\n" for c in commands))
+
+
+def release_stores(seed: int) -> None:
+    """Free the shared stores of a seed's stages (--model.cache_frozen_prefix, --reference.cache_outputs), saying
+    how much they held."""
+    from lightning_modules.fast.shared_store import release_shared_stores, shared_store_summary
+
+    summary = shared_store_summary()
+    if summary and is_global_zero():
+        print(f"[stores] seed {seed}: freed {summary}")
+    release_shared_stores()

@@ -1,0 +1,74 @@
+"""The W2S protocol's published set (`<out_dir>/<results_name>/`, `protocols.published_set`): claimed before any
+work (a set belongs to the configuration that made it), then written from every stage's result as one set."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict
+from typing import Optional
+
+from datamodules.atomic_files import atomic_write_json
+from protocols.rank_errors import rank_zero_section
+from protocols.run_files import publish_set, read_json
+from protocols.teacher_search import TeacherSearch
+from protocols.w2s_config import Method, W2SProtocol, _defaults
+from protocols.w2s_stages import Stage, stage_key
+
+
+def results_dir(p: W2SProtocol) -> str:
+    return os.path.join(p.out_dir, p.results_name)
+
+
+def claim_results(p: W2SProtocol, replace: bool) -> None:
+    """Before any work: this configuration's set may be published (`published_set`: a set belongs to the
+    configuration that made it). `replace`: withdraw another configuration's set instead of refusing."""
+    from protocols.published_set import SET_RECORD, refuse_other_owner, withdraw
+
+    folder = results_dir(p)
+    if not os.path.isdir(folder):
+        return
+    if replace:
+        withdraw(folder, read_json(os.path.join(folder, SET_RECORD)), "withdrawn by --replace_results on "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}: another configuration publishes here")
+        return
+    nested = {"methods": _defaults(Method), "teacher_search": _defaults(TeacherSearch)}
+    # Adding methods or seeds grows the same configuration's table; dropping or changing one would lose rows.
+    refuse_other_owner(folder, asdict(p), _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
+                       "--results_name")
+
+
+def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]],
+                    command: Optional[list[str]] = None) -> dict:
+    """The table from the finished stages, published (rank 0) as one set: tables, figures, TensorBoard summary and
+    HPARAMS tab, the configuration and the stage runs it read (`set.json`), swapped in at once."""
+    from protocols.hparams import write_hparams
+    from protocols.published_set import remove_stale, stage_entry, write_set_record
+    from protocols.w2s_report import result_links, summarize, write_reports
+
+    results = summarize(p, done)
+    with rank_zero_section(f"publish the results of {p.out_dir}") as rank0:  # a failure ends every rank at once
+        if rank0:
+            links = result_links(p.results_name)
+            entries = {stage_key(s): stage_entry(p.out_dir, s.result_path, done[s.name][s.seed]) for s in stages}
+
+            def write(folder: str) -> None:
+                atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
+                write_reports(folder, results)
+                write_hparams(folder, stages, done, results["id_source"])
+                write_set_record(folder, published_command(command), links, entries)
+
+            publish_set(p.out_dir, p.results_name, write, links)
+            remove_stale(results_dir(p))
+            for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
+                shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)
+            print(results["markdown"])
+    return results
+
+
+def published_command(args: Optional[list[str]] = None) -> list[str]:
+    """The command that published a set, as a person would type it (for a refusal that names the set's owner);
+    `args`: the protocol's arguments (default: this process's)."""
+    import sys
+
+    return ["python", "-m", "protocols.w2s", *(sys.argv[1:] if args is None else args)]

@@ -1,0 +1,185 @@
+"""The W2S protocol's stages: what each one is (`Stage`), the plan of every stage of every seed (`plan_stages`), what
+a stage reads from its upstream stages, and its identity (`identity_of`: what a rerun compares).
+
+    teacher (gold, teacher half) -> soft labels on the student half -> ceiling (gold, student half)
+    -> every student method (a swept one: a stage per value; an evaluating one: `cli.py validate` + `test` of another
+    method's checkpoint) -> zero-shot rows of outside models
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from protocols.data_identity import data_identity
+from protocols.stage_identity import digest, identity_changes, stage_identity, without_location
+from protocols.teacher_search import TeacherSearch
+from protocols.w2s_config import W2SProtocol, outside_model_args, zero_shot_name
+
+
+@dataclass
+class Stage:
+    """One `cli.py fit` + `cli.py test` of the protocol, in `<out_dir>/seed<k>/<name>`.
+
+    `args` leave out the paths of upstream outputs (`upstream`: the stages of the same seed it reads): they are
+    added when those stages are done, and their identities stand for them in this stage's identity.
+    """
+
+    seed: int
+    name: str  # "teacher", "ceiling" or a method's name
+    role: str  # for messages: "weak teacher", "ceiling", "method 'anchor'"
+    dir: str
+    args: list[str]
+    checkpoint: str
+    upstream: tuple[str, ...] = ()
+    pretrained: Optional[str] = None  # an outside model tested as is: the stage runs `cli.py test` only
+    search: Optional[TeacherSearch] = None  # the teacher's fitted recipe: a fit per candidate, one kept
+    method: Optional[str] = None  # the row a student stage belongs to (a swept method has one stage per value)
+    value: Any = None  # its swept value
+    evaluates: Optional[str] = None  # a method of the same seed whose checkpoint this one only evaluates
+    source_args: dict = field(default_factory=dict)  # its stages' own arguments (a swept source: the value's flag)
+    config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
+    data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.dir, "result.json")
+
+    def location_args(self, version: str, folder: Optional[str] = None) -> list[str]:
+        """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints (in
+        `folder`, default the stage's). No placeholder HPARAMS session per run: the protocol writes one per stage
+        with its scores (protocols.hparams)."""
+        folder = folder or self.dir
+        return ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+                "--trainer.logger.init_args.default_hp_metric=false",
+                f"--trainer.logger.init_args.save_dir={folder}", "--trainer.logger.init_args.name=",
+                f"--trainer.logger.init_args.version={version}", f"--trainer.default_root_dir={folder}"]
+
+
+def plan_stages(p: W2SProtocol) -> list[Stage]:
+    """Every stage of every seed, in run order (a stage's upstream stages come before it)."""
+    configs = lambda files: [a for path in files for a in ("--config", path)]  # noqa: E731
+    stages = []
+    for seed in p.seeds:
+        seed_dir = os.path.join(p.out_dir, f"seed{seed}")
+        common = [f"--seed_everything={seed}", f"--data.seed={seed}"]
+        teacher = (configs(p.trainer_configs + p.data_configs + p.teacher_configs) + common
+                   + ["--data.train_subset=teacher"])
+        if p.teacher_pretrained:  # tested as is; a --model.tokenizer of teacher_args yields to the model's own
+            stages.append(Stage(seed, "teacher", "outside teacher", os.path.join(seed_dir, "teacher"),
+                                teacher + outside_model_args(p.teacher_pretrained, p.teacher_args), PRETRAINED,
+                                pretrained=p.teacher_pretrained))
+        else:
+            teacher += p.teacher_args
+            stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
+                                p.teacher_checkpoint, search=p.teacher_search))
+        student = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
+                   + ["--data.train_subset=student"]
+                   + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
+                   + p.student_args)
+        if p.ceiling:
+            gold = ["--data.train_labels=gold",
+                    "--model.objective=lightning_modules.reward.objectives.GoldBradleyTerry"]
+            stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
+                                p.student_checkpoint, ("teacher",)))
+        by_name = {m.name: m for m in p.methods}
+        for m in p.methods:
+            upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
+            model_args, source_args = m.cli_args(), {}
+            if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
+                source = by_name[m.from_method]
+                source_args = {name: extra for name, _, extra in source.variants()}
+                upstream += tuple(source_args)
+                model_args = source.cli_args() + m.args  # what its checkpoints were fitted with (the CLI's guard)
+            for name, value, extra in m.variants():
+                role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
+                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + model_args + extra,
+                                    PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
+                                    upstream, method=m.name, value=value, evaluates=m.from_method,
+                                    source_args=source_args))
+        for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
+            name = zero_shot_name(spec)
+            args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
+                    + outside_model_args(spec, p.zero_shot_args))
+            stages.append(Stage(seed, name, f"zero-shot {spec!r}", os.path.join(seed_dir, name), args, PRETRAINED,
+                                ("teacher",), pretrained=spec))
+    return stages
+
+
+PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
+
+
+def stage_key(stage: Stage) -> str:
+    return f"seed{stage.seed}/{stage.name}"
+
+
+def upstream_args(stage: Stage, done: dict[str, dict[int, dict]], evaluated: Optional[str] = None) -> list[str]:
+    """The paths of upstream outputs; `evaluated`: the stage an evaluating stage reads (`evaluated_stage`)."""
+    args = []
+    if "teacher" in stage.upstream:
+        args.append(f"--data.teacher_checkpoint={done['teacher'][stage.seed]['checkpoint']}")
+    if "ceiling" in stage.upstream:
+        args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
+    if evaluated:
+        args += [*stage.source_args[evaluated], f"--ckpt_path={done[evaluated][stage.seed]['checkpoint']}"]
+    return args
+
+
+def evaluated_stage(stage: Stage, done: dict[str, dict[int, dict]]) -> str:
+    """The stage whose checkpoint an evaluating stage reads: its source method's, or a swept source's `id_val` pick
+    in this seed (the same rule, and tie-break, as the source's own row)."""
+    from protocols.model_selection import pick, rule_score
+
+    names = list(stage.source_args)
+    if len(names) == 1:
+        return names[0]
+    return names[pick([rule_score(done[n][stage.seed], "id_val", [], f"{os.path.dirname(stage.dir)}/{n}")
+                       for n in names])]
+
+
+def ceiling_results_path(stage: Stage) -> str:
+    return os.path.join(os.path.dirname(stage.dir), "ceiling", "ceiling_test.json")
+
+
+def stage_changes(stage: Stage, finished: Optional[dict], identity: dict) -> list[str]:
+    """`identity_changes`, where a teacher search's options added to the code since the stage ran are no change
+    when its recorded candidates show they did not come into play (`teacher_search.replays_the_same`)."""
+    from protocols.teacher_search import replays_the_same
+
+    diff = identity_changes(finished, identity)
+    added = [line for line in diff if line.startswith("search.") and ": '(absent)' → " in line]
+    if stage.search is not None and diff and len(added) == len(diff) and finished.get("teacher_search") \
+            and replays_the_same(finished["teacher_search"], stage.search):
+        return []
+    return diff
+
+
+def upstream_identity(stage: Stage, done: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    """Each upstream stage's part of `stage`'s identity: its identity digest and the run it was."""
+    return {name: {"identity": digest(done[name][stage.seed]["identity"]), "run": done[name][stage.seed]["run"]}
+            for name in stage.upstream}
+
+
+def identity_of(stage: Stage, upstream: dict) -> dict:
+    """`stage_identity`, plus the state of an outside model's files (its path alone, in the config, would not notice
+    a new export written to the same directory) and the contents behind its data options (`data_identity`)."""
+    from datamodules.preference.weak_labels import checkpoint_key
+
+    model = checkpoint_key(stage.pretrained, "--teacher_pretrained / --zero_shot") if stage.pretrained else None
+    if stage.data is None:  # hashed once per stage and run (file hashes are cached across runs too)
+        stage.data = data_identity(without_location(stage.config))
+    return stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data,
+                          search=asdict(stage.search) if stage.search else None)
+
+
+def clear_stage_dir(stage_dir: str) -> None:
+    """Remove an unfinished or replaced stage's old outputs (logs, checkpoints) before it runs again.
+
+    `result.json` goes first: if the removal is interrupted, the stage reads as unfinished, never as finished.
+    """
+    result = os.path.join(stage_dir, "result.json")
+    if os.path.exists(result):
+        os.remove(result)
+    if os.path.isdir(stage_dir):
+        shutil.rmtree(stage_dir)
