@@ -185,21 +185,23 @@ def main(argv=None) -> int:
                          threads, None, name, command)
     hooks.python = opts.python
     specs = hooks.specs()
+    if exp.question_fixtures:  # rewritten only when their content differs: a job's call leaves them as they are
+        from datamodules.triggers.question_fixtures import write_question_fixtures
+
+        hooks.question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
     if args.status:
-        print_status(engine_status.stage_rows(specs, hooks))
+        print_status(engine_status.stage_rows(specs, hooks, changed=_changed_check(hooks)))
         return 0
     if force:  # a forced run trusts no cached file hash (a rewrite may have kept size and mtime: docs/reruns.md)
         from protocols.data_identity import rehash_files
 
         rehash_files()
-    if exp.question_fixtures:  # rewritten only when their content differs: a job's call leaves them as they are
-        from datamodules.triggers.question_fixtures import write_question_fixtures
-
-        hooks.question_dirs = write_question_fixtures(os.path.join(out, exp.family, "questions"))
     if args.stage:  # a job: this stage only, under its own lock (the family lock is the submitter's)
         record = local.run_one(specs, hooks, f"seed_{args.seeds[0]}/{args.stage}", force)
         return 0 if record["status"] in ("done", "failed", "skipped") else 1
     jobs: dict[str, str] = {}
+    if args.launcher == "slurm" and not args.collect:
+        cluster.preflight(specs, hooks, force, opts)
     with OutDirLock(hooks.root):  # one run per family folder: its stages and checkpoints
         if args.collect:
             results = local.results_on_disk(specs, hooks)
@@ -221,6 +223,14 @@ def main(argv=None) -> int:
     failed = [k for k, r in results.items() if r["status"] != "done"]
     return 1 if failed else 0
 
+
+
+def _changed_check(hooks: MixtureHooks):
+    """For `--status`: what a rerun would refuse of a finished stage (its configuration or data changed)."""
+    def changed(spec, result: dict) -> list[str]:
+        identity = hooks.identity(spec, {})
+        return hooks.changes(spec, result, {k: v for k, v in identity.items() if k != "upstream"})
+    return changed
 
 
 def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:

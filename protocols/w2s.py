@@ -219,8 +219,29 @@ def collect(p: W2SProtocol, command: Optional[list[str]] = None) -> dict:
 
 def status(p: W2SProtocol, changed=None) -> list[dict]:
     """Each stage and the collecting job: done / running (a job or a local run's lock) / queued / failed / not
-    started, changed (a finished stage a rerun would refuse), and the table's row (stale when its stages changed)."""
-    return engine_status.stage_rows(specs_of(plan_stages(p)), W2SHooks(p), changed)
+    started, changed (a finished stage a rerun would refuse: its configuration or data changed; `changed(spec,
+    result)` replaces that check), and the table's row (stale when its stages changed)."""
+    hooks = W2SHooks(p)
+    specs = specs_of(plan_stages(p))
+    return engine_status.stage_rows(specs, hooks, changed or _changed_check(p, specs, hooks))
+
+
+def _changed_check(p: W2SProtocol, specs: list[StageSpec], hooks: W2SHooks):
+    """What a rerun would refuse of each finished stage, before any work: its identity without the upstream part
+    (only the finished stages are parsed); None when the configuration no longer parses (a run says why)."""
+    finished = {s.key for s in specs if hooks.finished(s) is not None}
+    if not finished:
+        return None
+    try:
+        validated = {stage_key(s): s for s in prepare(p, ForceSpec(None), only=finished)}
+    except ValueError:
+        return None
+
+    def changed(spec: StageSpec, result: dict) -> list[str]:
+        spec = StageSpec(spec.key, spec.seed, spec.name, spec.upstream, validated[spec.key])
+        identity = hooks.identity(spec, {})
+        return hooks.changes(spec, result, {k: v for k, v in identity.items() if k != "upstream"})
+    return changed
 
 
 def submit(p: W2SProtocol, force: ForceSpec, opts: SlurmOptions, wait: bool = False) -> list[dict]:
@@ -233,6 +254,7 @@ def submit(p: W2SProtocol, force: ForceSpec, opts: SlurmOptions, wait: bool = Fa
     specs = specs_of(prepare(p, force))
     hooks = W2SHooks(p)
     hooks.python = opts.python
+    cluster.preflight(specs, hooks, force, opts)
     with OutDirLock(p.out_dir):
         local.refuse_changed(specs, hooks, force)
         claim_results(p, replace=False)
@@ -299,7 +321,7 @@ def main(args: Optional[list[str]] = None) -> Any:
     if modes["collect"]:
         return collect(protocol, command=_collect_command(protocol))
     if modes["stage"]:
-        return run_one_stage(protocol, modes["stage"], force, modes["verbose"])
+        return run_one_stage(protocol, modes["stage"], force, verbose=True)  # a job's own log is the stage's
     if modes["launcher"] == "slurm":
         rows = submit(protocol, force, modes["slurm"], wait=modes["wait"])
         print_status(rows)
