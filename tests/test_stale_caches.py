@@ -121,9 +121,9 @@ def test_weak_label_cache_key_follows_the_teachers_bytes(tmp_path):
     assert path_for(spec) != first
 
 
-def test_rehash_files_distrusts_every_earlier_hash_once(tmp_path, monkeypatch):
-    """The stat-keyed digest cache misses a rewrite with the old size and mtime (documented); after `rehash_files()`
-    (what `--force` calls) each file is hashed again, once, and the cache file holds the new hash for later runs."""
+def _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch):
+    """An old file hashed into a digest cache, then rewritten (chosen and rejected swapped) with its size and mtime
+    kept: (path, cache file, the cached digests)."""
     import protocols.data_identity as di
 
     monkeypatch.setenv(di.REHASH_ENV, "0")  # nothing distrusted yet; unset again after the test
@@ -131,10 +131,19 @@ def test_rehash_files_distrusts_every_earlier_hash_once(tmp_path, monkeypatch):
     _write_rows(path, ROWS)
     old = time.time_ns() - 10**10
     os.utime(path, ns=(old, old))
-    first = di.FileDigests(cache)
-    before = first.tree(str(path))
-    first.save()
+    digests = di.FileDigests(cache)
+    before = digests.tree(str(path))
+    digests.save()
     _rewrite_keeping_stat(path, lambda p: _write_rows(p, _swapped(ROWS)))
+    return path, cache, before
+
+
+def test_rehash_files_distrusts_every_earlier_hash_once(tmp_path, monkeypatch):
+    """The stat-keyed digest cache misses a rewrite with the old size and mtime (documented); after `rehash_files()`
+    (what `--force` calls) each file is hashed again, once, and the cache file holds the new hash for later runs."""
+    import protocols.data_identity as di
+
+    path, cache, before = _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch)
     assert di.FileDigests(cache).tree(str(path)) == before  # the limit that --force answers
 
     reads = []
@@ -159,15 +168,7 @@ def test_rehash_files_reaches_the_processes_a_run_starts(tmp_path, monkeypatch):
 
     import protocols.data_identity as di
 
-    monkeypatch.setenv(di.REHASH_ENV, "0")  # nothing distrusted yet; unset again after the test
-    path, cache = tmp_path / "prefs.jsonl", str(tmp_path / "digests.json")
-    _write_rows(path, ROWS)
-    old = time.time_ns() - 10**10
-    os.utime(path, ns=(old, old))
-    digests = di.FileDigests(cache)
-    before = digests.tree(str(path))
-    digests.save()
-    _rewrite_keeping_stat(path, lambda p: _write_rows(p, _swapped(ROWS)))
+    path, cache, before = _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch)
     di.rehash_files()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = ("import json, sys; from protocols.data_identity import FileDigests; "
