@@ -36,7 +36,7 @@ class Progress:
             status = (result or {}).get("status", "done")
             what = "ran" if status == "done" else status
             error = f" ({str((result or {}).get('error', ''))[:120]})" if status not in ("done",) else ""
-            self._line(spec, f"{what} {_duration(seconds)}{error}")
+            self._line(spec, f"{what} {seconds:.0f} s{error}" if seconds < 60 else f"{what} {_clock(seconds)}{error}")
 
     def settled(self, spec: StageSpec, action: str, result: Optional[dict]) -> None:
         """A stage that did not run: reused, or blocked by its upstream (the protocol's stand-in result)."""
