@@ -460,6 +460,7 @@ def mixture_cluster_status(out) -> list[dict]:
     return stage_rows(hooks.specs(), hooks)
 
 
+@pytest.mark.slow  # about 50 s: a local 2-process DDP run and the same under srun (make test-slow)
 def test_a_stage_spanning_two_tasks_runs_lightning_ddp_from_slurm_and_equals_local_ddp(cluster, tmp_path,
                                                                                        word_tokenizer_dir):
     """`--slurm.ntasks_per_node 2`: each stage job runs 2 processes under srun, which Lightning joins into one DDP
