@@ -335,6 +335,7 @@ def test_status_names_a_stage_a_rerun_would_refuse_as_changed(w2s_run):
     assert seen == [("teacher", False), ("naive", True), ("confidence", True)]
 
 
+@pytest.mark.slow  # about 50 s of real jobs (make test-slow); the fast suite keeps the plain run and the refusals
 def test_cancelled_job_is_resubmitted_alone_and_leaves_nothing_half_written(cluster, local_table, tmp_path):
     cfg, expected = local_table
     cfg = dict(cfg, out_dir=str(tmp_path / "run"))
