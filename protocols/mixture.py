@@ -227,10 +227,7 @@ def main(argv=None) -> int:
 
 def _changed_check(hooks: MixtureHooks):
     """For `--status`: what a rerun would refuse of a finished stage (its configuration or data changed)."""
-    def changed(spec, result: dict) -> list[str]:
-        identity = hooks.identity(spec, {})
-        return hooks.changes(spec, result, {k: v for k, v in identity.items() if k != "upstream"})
-    return changed
+    return lambda spec, result: local.changes_before_work(spec, hooks, result)
 
 
 def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:

@@ -51,14 +51,14 @@ from protocols.run_files import OutDirLock, is_global_zero, read_json
 from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers catch it from here
 from protocols.stage_identity import ForceSpec
 from protocols.teacher_search import TeacherSearch
-from protocols.w2s_config import Method, W2SProtocol, zero_shot_name  # noqa: F401 -- the protocol's public names
-from protocols.w2s_fit import checkpoint_step, release_stores, run_stage, run_test_stage  # noqa: F401
+from protocols.w2s_config import Method, W2SProtocol
+from protocols.w2s_fit import checkpoint_step, release_stores, run_stage, run_test_stage  # noqa: F401 -- checkpoint_step: public
 from protocols.w2s_publish import claim_results, publish_results, results_dir
-from protocols.w2s_stages import (  # noqa: F401
+from protocols.w2s_stages import (
     Stage, ceiling_results_path, clear_stage_dir, evaluated_stage, identity_of, plan_stages, stage_changes, stage_key,
     upstream_args, upstream_identity,
 )
-from protocols.w2s_validate import prepare, validate_stage  # noqa: F401
+from protocols.w2s_validate import prepare
 
 
 class W2SHooks:
@@ -72,6 +72,7 @@ class W2SHooks:
     def __init__(self, p: W2SProtocol, verbose: bool = False, command: Optional[list[str]] = None):
         self.p, self.verbose, self.command = p, verbose, command
         self.root = p.out_dir
+        self.python = ""  # the jobs' Python (`--slurm.python`), set by `submit`
         self._snapshots: dict[int, str] = {}
 
     # ---- what the engine reads
@@ -147,8 +148,6 @@ class W2SHooks:
         if key is None:
             return command + ["--collect"]
         return command + ["--stage", key, *(["--force", key] if rerun else [])]
-
-    python = ""  # the jobs' Python (`--slurm.python`), set by `main`
 
     def job_name(self, key: str) -> str:
         return f"w2s:{os.path.basename(os.path.abspath(self.p.out_dir))}:{key}"
@@ -238,9 +237,8 @@ def _changed_check(p: W2SProtocol, specs: list[StageSpec], hooks: W2SHooks):
         return None
 
     def changed(spec: StageSpec, result: dict) -> list[str]:
-        spec = StageSpec(spec.key, spec.seed, spec.name, spec.upstream, validated[spec.key])
-        identity = hooks.identity(spec, {})
-        return hooks.changes(spec, result, {k: v for k, v in identity.items() if k != "upstream"})
+        validated_spec = StageSpec(spec.key, spec.seed, spec.name, spec.upstream, validated[spec.key])
+        return local.changes_before_work(validated_spec, hooks, result)
     return changed
 
 

@@ -23,16 +23,20 @@ def preflight(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: Slur
     """Before the run's lock (which makes its folder) or anything else is written: when some stage must run, SLURM
     answers and the time limits fit the partition. Returns whether some stage must run (a run finished on disk
     needs no SLURM)."""
-    to_run = any(hooks.finished(s) is None or force.forces(s.name, s.seed) for s in specs)
+    to_run = _must_run(specs, hooks, force)
     if to_run:
         slurm_jobs.check_cluster(opts)
     return to_run
 
 
+def _must_run(specs: list[StageSpec], hooks: Hooks, force: ForceSpec) -> bool:
+    return any(hooks.finished(s) is None or force.forces(s.name, s.seed) for s in specs)
+
+
 def submit(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: SlurmOptions) -> dict[str, str]:
     """Submit what must run; returns key -> job id of every stage job in flight after it (none: every stage had
     finished, and the caller publishes the table here). The caller ran `preflight` and holds the run's lock."""
-    to_run = any(hooks.finished(s) is None or force.forces(s.name, s.seed) for s in specs)
+    to_run = _must_run(specs, hooks, force)
     states = recorded_states(specs, hooks)
     if states.unreachable and to_run:
         raise RuntimeError(f"--launcher slurm: SLURM could not be reached, nothing was submitted: {states.unreachable}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import os
-import threading
 import time
 from contextlib import nullcontext
 from typing import Callable, Optional
@@ -34,13 +33,19 @@ def refuse_changed(specs: list[StageSpec], hooks: Hooks, force: ForceSpec) -> li
         if force.forces(spec.name, spec.seed):
             forced.append(hooks.where(spec))
             continue
-        identity = hooks.identity(spec, {})
-        diff = hooks.changes(spec, finished, {k: v for k, v in identity.items() if k != "upstream"})
+        diff = changes_before_work(spec, hooks, finished)
         if diff:
             changed.append((hooks.where(spec), diff))
     if changed:
         raise refusal(changed)
     return forced
+
+
+def changes_before_work(spec: StageSpec, hooks: Hooks, finished: dict) -> list[str]:
+    """How a finished stage differs from what its configuration and data make of it now, its upstream runs left
+    out (they are known only as stages run): what `refuse_changed` refuses and `--status` calls "changed"."""
+    identity = hooks.identity(spec, {})
+    return hooks.changes(spec, finished, {k: v for k, v in identity.items() if k != "upstream"})
 
 
 def decide(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSpec,
@@ -88,16 +93,20 @@ def run_local(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: i
 def _one(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSpec, forced_keys: set[str],
          progress: Progress) -> dict:
     action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
+    if action != "run":
+        return _settle(spec, hooks, action, result, identity, progress)
+    if forced:
+        forced_keys.add(spec.key)
+    start = time.time()
+    result = hooks.run(spec, {u: results[u] for u in spec.upstream}, identity, forced)
+    progress.ran(spec, result, time.time() - start)
+    return result
+
+
+def _settle(spec: StageSpec, hooks: Hooks, action: str, result: dict, identity: dict, progress: Progress) -> dict:
+    """The result of a stage that does not run: reused (the protocol may refresh its record) or blocked."""
     if action == "reuse":
         result = hooks.reuse(spec, result, identity)
-    elif action == "run":
-        if forced:
-            forced_keys.add(spec.key)
-        progress.starting(spec)
-        start = time.time()
-        result = hooks.run(spec, {u: results[u] for u in spec.upstream}, identity, forced)
-        progress.ran(spec, result, time.time() - start)
-        return result
     progress.settled(spec, action, result)
     return result
 
@@ -111,7 +120,6 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
     pending = list(specs)
     running: dict[futures.Future, tuple[StageSpec, OutDirLock, float]] = {}
     error: Optional[BaseException] = None
-    guard = threading.Lock()
     with futures.ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or running:
             ready = [s for s in pending if all(u in results for u in s.upstream)] if error is None else []
@@ -128,15 +136,11 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
                     error = err
                     break
                 if action != "run":
-                    if action == "reuse":
-                        result = hooks.reuse(spec, result, identity)
+                    results[spec.key] = _settle(spec, hooks, action, result, identity, progress)
                     lock.__exit__(None, None, None)
-                    results[spec.key] = result
-                    progress.settled(spec, action, result)
                     continue
                 if forced:
                     forced_keys.add(spec.key)
-                progress.starting(spec)
                 upstream = {u: results[u] for u in spec.upstream}
                 future = pool.submit(hooks.run, spec, upstream, identity, forced)
                 running[future] = (spec, lock, time.time())
@@ -148,12 +152,11 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
             for future in done:
                 spec, lock, start = running.pop(future)
                 lock.__exit__(None, None, None)
-                with guard:
-                    try:
-                        results[spec.key] = future.result()
-                        progress.ran(spec, results[spec.key], time.time() - start)
-                    except BaseException as err:  # noqa: BLE001 -- raised once the running stages finished
-                        error = error or err
+                try:
+                    results[spec.key] = future.result()
+                    progress.ran(spec, results[spec.key], time.time() - start)
+                except BaseException as err:  # noqa: BLE001 -- raised once the running stages finished
+                    error = error or err
     if error is not None:
         raise error
     return results

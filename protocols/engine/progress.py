@@ -26,9 +26,6 @@ class Progress:
         self.quiet = quiet or not is_global_zero()
         self._lock = threading.Lock()
 
-    def starting(self, spec: StageSpec) -> None:
-        """Nothing is printed when a stage starts: its line comes when it is done (several may run at once)."""
-
     def ran(self, spec: StageSpec, result: Optional[dict], seconds: float) -> None:
         with self._lock:
             self.seconds.append(seconds)
