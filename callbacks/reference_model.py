@@ -1,12 +1,14 @@
 """The frozen reference model, held by a callback so it never enters the LightningModule's module tree.
 
 Kept out of the module tree means: not in `state_dict` (so not in checkpoints), not in the optimizer, not wrapped
-by DDP, not toggled by `.train()` / `.eval()`. Used by ANCHOR (reference hidden states, Part A) and by the KL
-term of GRPO (reference log-probs, Part B).
+by DDP, not toggled by `.train()` / `.eval()`. Used by ANCHOR (reference hidden states, Part A), GRM's DPO form
+(reference log-probs of responses, Part A) and the KL term of GRPO (reference log-probs, Part B).
 
 Protocol with the LightningModule (the module never imports this file; the callback hands itself in):
 - `pl_module.reference_coef` (float): 0 means "no reference needed" -> nothing is copied.
 - `pl_module.reference_target()` returns the `nn.Module` to freeze (e.g. the backbone or the policy LM).
+- optional `pl_module.reference_head()`: an LM head to freeze with it (None: none). A reward model's GRM "dpo" form
+  asks for its causal LM's head; `.response_log_probs(...)` then gives log π_ref of the response tokens.
 - the callback sets `pl_module.frozen_reference = self` for the fit (None otherwise); inside `training_step` the
   module calls `self.frozen_reference(**inputs)` (under no_grad), or `.selected_hidden_states(...)` for hidden
   states at chosen positions, which `cache_outputs` can memoise.
@@ -36,9 +38,12 @@ class FrozenReference:
     Args:
         target: the module whose current weights become the reference.
         mode: "auto" (adapters disabled for a peft model, else a copy), "copy" or "disable_adapter".
+        head: an LM head reading `target`'s last hidden states, frozen with it (`self.head`): copied together with
+            the target (a head tied to its input embeddings stays tied: one copy of the matrix), or, with adapters
+            disabled, the live head, which must then be frozen already (else it would not stay the initial one).
     """
 
-    def __init__(self, target: nn.Module, mode: ReferenceMode = "auto"):
+    def __init__(self, target: nn.Module, mode: ReferenceMode = "auto", head: Optional[nn.Module] = None):
         if mode not in ("auto", "copy", "disable_adapter"):
             raise ValueError(f"--reference.mode must be auto, copy or disable_adapter, got {mode!r}")
         if mode == "disable_adapter" and not is_peft_model(target):
@@ -47,13 +52,28 @@ class FrozenReference:
             # No second copy of the weights: the base with adapters disabled *is* the initial model, as long as
             # the base stays frozen (LoRA trains adapters only).
             self.mode, self.model, self._target = "disable_adapter", None, target
+            if head is not None and any(p.requires_grad for p in head.parameters()):
+                raise ValueError("a reference with adapters disabled shares the live LM head, which trains: use "
+                                 "--reference.mode copy or freeze the head")
+            self.head = head
         else:
             self.mode, self._target = "copy", None
-            self.model = copy.deepcopy(target).requires_grad_(False).eval()
+            if head is None:
+                self.model, self.head = copy.deepcopy(target).requires_grad_(False).eval(), None
+            else:  # one deepcopy: a Parameter shared by target and head (tied embeddings) is copied once
+                model, head = copy.deepcopy((target, head))
+                self.model, self.head = model.requires_grad_(False).eval(), head.requires_grad_(False).eval()
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The module whose forward is the reference's (the copy, or the live model run with adapters disabled)."""
+        return self.model if self.model is not None else self._target
 
     def to(self, device: Any) -> "FrozenReference":
         if self.model is not None:
             self.model.to(device)
+            if self.head is not None:
+                self.head.to(device)
         return self
 
     @torch.no_grad()  # not inference_mode: its outputs enter a loss that is backpropagated
@@ -64,8 +84,11 @@ class FrozenReference:
             return self._target(*args, **kwargs)
 
     def parameter_count(self) -> int:
-        """Parameters this reference adds to memory (0 with adapters disabled)."""
-        return 0 if self.model is None else sum(p.numel() for p in self.model.parameters())
+        """Parameters this reference adds to memory (0 with adapters disabled); a tied head's weight counts once."""
+        if self.model is None:
+            return 0
+        params = {id(p): p for m in (self.model, self.head) if m is not None for p in m.parameters()}
+        return sum(p.numel() for p in params.values())
 
 
 class ReferenceModelCallback(Callback):
@@ -109,7 +132,8 @@ class ReferenceModelCallback(Callback):
             return
         if float(getattr(pl_module, "reference_coef", 0.0)) == 0.0:
             return  # coefficient 0: no copy at all
-        self.reference = FrozenReference(pl_module.reference_target(), self.mode)
+        head = pl_module.reference_head() if hasattr(pl_module, "reference_head") else None
+        self.reference = FrozenReference(pl_module.reference_target(), self.mode, head)
         pl_module.frozen_reference = self  # a plain attribute: a Callback is no nn.Module, so never a submodule
         model = self.reference.model
         if self.cache_outputs and model is not None:
@@ -176,6 +200,25 @@ class ReferenceModelCallback(Callback):
                 raise ValueError(f"reference cache: sequence {k!r} had {vals[0].shape[0]} selected positions, "
                                  f"now {n} (keys must identify one sequence)")
         return [torch.cat([vals[i] for vals in per_row]).to(input_ids.device) for i in range(len(layer_ids))]
+
+    @torch.no_grad()
+    def response_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
+                           reduction: str = "sum", keys: Optional[Sequence[Hashable]] = None,
+                           prefix: Optional[tuple] = None, buckets: int = 1) -> torch.Tensor:
+        """log π_ref per row, (N,): the frozen LM head on the reference's last hidden states at the `select` (N, T)
+        positions, scoring each position's next token, summed or averaged over the row
+        (`lightning_modules.reward.grm.sequence_log_probs`). The states come from `selected_hidden_states` (the
+        last layer only, so `cache_outputs`, `prefix` and `buckets` apply as there; `keys` must differ from the
+        ANCHOR rows' keys of the same sequences when both use a per-fit cache)."""
+        from lightning_modules.reward.backbones import num_layers
+        from lightning_modules.reward.grm import sequence_log_probs
+
+        if self.reference is None or self.reference.head is None:
+            raise RuntimeError("the reference has no LM head: the module's reference_head() gave none at setup "
+                               "(GRM's dpo form needs one)")
+        last = num_layers(self.reference.backbone)
+        states = self.selected_hidden_states(input_ids, attention_mask, select, [last], keys, prefix, buckets)[0]
+        return sequence_log_probs(states, self.reference.head, select.bool(), input_ids, reduction)
 
     def _selected(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor,
                   layer_ids: Sequence[int], prefix: Optional[tuple], buckets: int = 1) -> list[torch.Tensor]:

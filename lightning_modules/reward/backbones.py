@@ -1,7 +1,8 @@
 """Backbone builders: a hub id or local directory, the packaged MiniLM encoder, or a tiny random-init config.
 
 The reward model uses the *base* transformer (`AutoModel`: no LM head, so no vocabulary-sized logits are ever
-computed) and reads its final hidden states.
+computed) and reads its final hidden states. GRM (`--model.grm_coef`) also needs the causal LM's head:
+`build_backbone_with_lm_head` loads `AutoModelForCausalLM` and splits it into the same base transformer + `lm_head`.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, PretrainedConfig
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
 from datamodules.tokenizers import MINILM, resolve_pretrained
 
@@ -73,6 +74,63 @@ def build_backbone(
     those layers keep their pretrained weights): a smaller model of the same family, e.g. a weak teacher; 0 keeps
     the embeddings alone (a bag-of-embeddings model under mean pooling: no token sees another).
     """
+    return _build(AutoModel, name, vocab_size, pad_token_id, tiny_overrides, quantization, dtype, attn_implementation,
+                  keep_layers)
+
+
+# Model types that AutoModelForCausalLM accepts although their attention is bidirectional (an encoder with a
+# language-model head bolted on, e.g. BertLMHeadModel): their pretrained weights were never a causal LM.
+BIDIRECTIONAL_TYPES = frozenset({
+    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "electra", "ernie", "megatron-bert",
+    "data2vec-text", "rembert", "roc_bert", "xmod", "big_bird", "modernbert",
+})
+GRM_FLAG = "--model.grm_coef"
+
+
+def build_backbone_with_lm_head(
+    name: str,
+    vocab_size: int,
+    pad_token_id: int,
+    tiny_overrides: Optional[dict] = None,
+    quantization: Optional[str] = None,
+    dtype: Optional[str] = None,
+    attn_implementation: Optional[str] = None,
+    keep_layers: Optional[int] = None,
+) -> tuple[nn.Module, nn.Module]:
+    """(base transformer, LM head) of a causal LM, for GRM: the base is the same class and weights `build_backbone`
+    gives (`AutoModelForCausalLM`'s `base_model`), the head its `lm_head` (tied to the input embeddings when the
+    config ties them). Refuses, naming `--model.grm_coef`, a backbone without a causal language-model head: the
+    MiniLM / BERT-style encoders, a model type AutoModelForCausalLM does not know, and a pretrained checkpoint
+    whose untied LM head is missing (a base-model save: the head would be random)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from lightning_modules.reward.grm import split_causal_lm
+
+    if name == MINILM:
+        raise ValueError(f"{GRM_FLAG} needs a causal language model's LM head; --model.backbone {name!r} is a "
+                         "BERT-style encoder (no language-model head, bidirectional attention): set it to 0")
+    cfg = (tiny_config(name, vocab_size, pad_token_id, tiny_overrides) if is_tiny(name)
+           else AutoConfig.from_pretrained(resolve_pretrained(name)))
+    model_type = getattr(cfg, "model_type", None)
+    if model_type in BIDIRECTIONAL_TYPES or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        why = "an encoder (bidirectional attention)" if model_type in BIDIRECTIONAL_TYPES else "not a causal LM"
+        raise ValueError(f"{GRM_FLAG} needs a causal language model's LM head; --model.backbone {name!r} "
+                         f"(model type {model_type!r}) is {why}: it has no language-model head. Set it to 0")
+    causal, info = _build(AutoModelForCausalLM, name, vocab_size, pad_token_id, tiny_overrides, quantization, dtype,
+                          attn_implementation, keep_layers, loading_info=True)
+    backbone, head = split_causal_lm(causal)
+    missing = [k for k in (info or {}).get("missing_keys", []) if "lm_head" in k or "embed_out" in k]
+    if missing and head.weight is not backbone.get_input_embeddings().weight:
+        raise ValueError(f"{GRM_FLAG}: the checkpoint of --model.backbone {name!r} has no language-model head "
+                         f"weights ({missing[:2]}): a base-model save, whose LM head would be random. Use the "
+                         "causal LM's checkpoint or set it to 0")
+    return backbone, head
+
+
+def _build(auto_class: Any, name: str, vocab_size: int, pad_token_id: int, tiny_overrides: Optional[dict],
+           quantization: Optional[str], dtype: Optional[str], attn_implementation: Optional[str],
+           keep_layers: Optional[int], loading_info: bool = False) -> Any:
+    """`auto_class` from a tiny config or a checkpoint; with `loading_info`, (model, loading info or None)."""
     if keep_layers is not None and is_tiny(name):
         raise ValueError(f"--model.keep_layers applies to pretrained backbones; for {name!r} set "
                          "--model.tiny_config.num_hidden_layers")
@@ -82,7 +140,8 @@ def build_backbone(
         cfg = tiny_config(name, vocab_size, pad_token_id, tiny_overrides)
         if attn_implementation:
             cfg._attn_implementation = attn_implementation
-        return AutoModel.from_config(cfg)
+        model = auto_class.from_config(cfg)
+        return (model, None) if loading_info else model
     if tiny_overrides:
         raise ValueError(f"--model.tiny_config only applies to tiny backbones {sorted(TINY_CONFIGS)}, not {name!r}")
     kwargs: dict[str, Any] = {}
@@ -96,7 +155,9 @@ def build_backbone(
     if keep_layers is not None:
         kwargs[_layer_count_key(AutoConfig.from_pretrained(path), name, keep_layers)] = keep_layers
     try:
-        return AutoModel.from_pretrained(path, **kwargs)
+        if loading_info:
+            kwargs["output_loading_info"] = True  # (model, {"missing_keys": ...}): a head the checkpoint lacks
+        return auto_class.from_pretrained(path, **kwargs)
     except OSError as err:
         hint = "" if os.path.isdir(path) or name == MINILM else (
             " Without network, download the checkpoint elsewhere and pass its local directory as --model.backbone."

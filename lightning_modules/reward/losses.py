@@ -71,3 +71,53 @@ def reward_centering_loss(rewards_a: torch.Tensor, rewards_b: torch.Tensor) -> t
     """Eisenstein et al.'s centering term mean((r_a + r_b)²), keeping rewards near zero mean."""
     return ((rewards_a + rewards_b) ** 2).mean()
 
+
+
+def batch_sum_to_zero_loss(rewards_a: torch.Tensor, rewards_b: torch.Tensor) -> torch.Tensor:
+    """Hong et al.'s (ICML 2025) batch-wise sum-to-zero term B·(mean of the batch's 2B rewards)², B = pairs.
+
+    Equals (Σ r)² / (4B): the squared *batch* sum, where reward centering squares each pair's sum. The factor B is
+    the public code's (LinkedIn-XFACT/RM-Robustness scales λ by the per-device train batch size).
+    """
+    pairs = rewards_a.shape[0]
+    return pairs * torch.cat([rewards_a, rewards_b]).mean().square()
+
+
+# Logits of q at the ends: q ∈ {0, 1} has logit ∓∞; tempering keeps an end where it is (σ(±∞ / T) = the end), and
+# every other q is clamped to this logit range first (|logit| = 30 is q = 1 − 9e-14: beyond float32 resolution).
+LABEL_LOGIT_RANGE = 30.0
+
+
+def soften_labels(q: torch.Tensor, temperature: float = 1.0, smoothing: float = 0.0) -> torch.Tensor:
+    """Teacher-label temperature then smoothing: q' = σ(logit(q) / T), q'' = (1 − ε)·q' + ε/2.
+
+    T > 1 moves every label towards 1/2 on the logit scale (T < 1 sharpens); ε mixes in the uniform label. Labels of
+    exactly 0 or 1 stay 0 or 1 under any T (the limit), never NaN; other logits are clamped to ±`LABEL_LOGIT_RANGE`.
+    At T = 1 and ε = 0 the very tensor `q` comes back (bit-identical: no σ(logit(q)) round trip).
+    """
+    if temperature != 1.0:
+        logit = torch.logit(q.float()).clamp(-LABEL_LOGIT_RANGE, LABEL_LOGIT_RANGE)
+        tempered = torch.sigmoid(logit / temperature)
+        q = torch.where((q == 0) | (q == 1), q.float(), tempered).to(q.dtype)
+    if smoothing != 0.0:
+        q = (1.0 - smoothing) * q + smoothing / 2.0
+    return q
+
+
+def grm_sft_loss(logp_a: torch.Tensor, logp_b: torch.Tensor, q: torch.Tensor, beta: float) -> torch.Tensor:
+    """GRM's SFT regulariser (Yang et al. 2024) under soft labels: mean over pairs of
+    q·(−log σ(β·log π(a|x))) + (1 − q)·(−log σ(β·log π(b|x))); with q = 1 (a = chosen) it is −log σ(β·log π(y_c|x)).
+
+    logp_a, logp_b: (B,) log π of each response given its prompt (`grm.sequence_log_probs`).
+    """
+    q = q.to(logp_a.dtype)  # a side of weight 0 may hold a placeholder log-prob (the caller skips it): 0 · finite
+    return -(q * F.logsigmoid(beta * logp_a) + (1 - q) * F.logsigmoid(beta * logp_b)).mean()
+
+
+def grm_dpo_loss(logp_a: torch.Tensor, logp_b: torch.Tensor, ref_a: torch.Tensor, ref_b: torch.Tensor,
+                 q: torch.Tensor, beta: float) -> torch.Tensor:
+    """GRM's DPO regulariser under soft labels: BCE-with-logits(β·h, q), h = (log π(a) − log π_ref(a)) −
+    (log π(b) − log π_ref(b)); with q = 1 it is DPO's −log σ(β·h). Reference-free DPO passes ref_a = ref_b = 0.
+    A reference equal to the student gives h = 0 and log 2 for every q."""
+    h = (logp_a - ref_a.to(logp_a.dtype)) - (logp_b - ref_b.to(logp_b.dtype))  # (B,)
+    return F.binary_cross_entropy_with_logits(beta * h, q.to(h.dtype))

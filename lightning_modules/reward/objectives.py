@@ -12,7 +12,9 @@ from typing import Literal
 
 import torch
 
-from lightning_modules.reward.losses import bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss
+from lightning_modules.reward.losses import (
+    bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss, soften_labels,
+)
 
 OBJECTIVES: dict[str, type["PreferenceObjective"]] = {}
 
@@ -85,12 +87,31 @@ class GoldBradleyTerry(PreferenceObjective):
         return bradley_terry_loss(margin)
 
 
+def check_label_options(label_temperature: float, label_smoothing: float) -> None:
+    if not (isinstance(label_temperature, (int, float)) and math.isfinite(label_temperature)
+            and label_temperature > 0):
+        raise ValueError(f"--model.objective.init_args.label_temperature must be > 0 (and finite), "
+                         f"got {label_temperature!r}")
+    if not (isinstance(label_smoothing, (int, float)) and 0.0 <= label_smoothing <= 1.0):
+        raise ValueError(f"--model.objective.init_args.label_smoothing must be in [0, 1], got {label_smoothing!r}")
+
+
 @register_objective("naive")
 class SoftBradleyTerry(PreferenceObjective):
-    """Naive W2S: BCE-with-logits(Δ, q) on the teacher's soft labels."""
+    """Naive W2S: BCE-with-logits(Δ, q'') on the teacher's soft labels q, tempered and smoothed first.
+
+    Args:
+        label_temperature: T of q' = σ(logit(q) / T): T > 1 softens the teacher's labels towards 1/2, T < 1
+            sharpens them; labels of exactly 0 or 1 stay put (`losses.soften_labels`). 1.0 leaves q as is.
+        label_smoothing: ε of q'' = (1 − ε)·q' + ε/2, in [0, 1]. 0.0 leaves q' as is.
+    """
+
+    def __init__(self, label_temperature: float = 1.0, label_smoothing: float = 0.0):
+        check_label_options(label_temperature, label_smoothing)
+        self.label_temperature, self.label_smoothing = float(label_temperature), float(label_smoothing)
 
     def __call__(self, margin, q, progress):
-        return soft_bradley_terry_loss(margin, q)
+        return soft_bradley_terry_loss(margin, soften_labels(q, self.label_temperature, self.label_smoothing))
 
 
 @register_objective("confidence")
@@ -105,11 +126,15 @@ class ConfidenceW2S(PreferenceObjective):
             the batch by σ(Δ)) or "quantile" (openai/weak-to-strong: 1 − σ(Δ) strictly below its mean(q)
             quantile); they differ by one label on some batch sizes, on ties and on a batch of one
             (`losses.hardened_student_labels`, docs/w2s.md).
+        label_temperature: T of the teacher labels' tempering q' = σ(logit(q) / T) (as `SoftBradleyTerry`); the
+            tempered, smoothed q'' then stands for q everywhere: in the target and in the hardening's class balance.
+        label_smoothing: ε of q'' = (1 − ε)·q' + ε/2.
     """
 
     def __init__(self, aux_coef: float = 0.5, warmup_fraction: float = 0.1,
                  ramp: Literal["linear", "cosine", "step"] = "linear",
-                 hardening: Literal["top", "quantile"] = "top"):
+                 hardening: Literal["top", "quantile"] = "top",
+                 label_temperature: float = 1.0, label_smoothing: float = 0.0):
         if not 0.0 <= aux_coef <= 1.0:
             raise ValueError(f"--model.objective.init_args.aux_coef must be in [0, 1], got {aux_coef}")
         if not 0.0 <= warmup_fraction <= 1.0:
@@ -120,6 +145,8 @@ class ConfidenceW2S(PreferenceObjective):
             raise ValueError(f"--model.objective.init_args.hardening must be top or quantile, got {hardening!r}")
         self.aux_coef, self.warmup_fraction, self.ramp = aux_coef, warmup_fraction, ramp
         self.hardening = hardening
+        check_label_options(label_temperature, label_smoothing)
+        self.label_temperature, self.label_smoothing = float(label_temperature), float(label_smoothing)
 
     def coef(self, progress: float) -> float:
         if self.warmup_fraction == 0 or progress >= self.warmup_fraction:
@@ -132,4 +159,5 @@ class ConfidenceW2S(PreferenceObjective):
         return self.aux_coef * t
 
     def __call__(self, margin, q, progress):
+        q = soften_labels(q, self.label_temperature, self.label_smoothing)
         return confidence_w2s_loss(margin, q, self.coef(progress), self.hardening)
