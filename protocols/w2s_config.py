@@ -36,7 +36,13 @@ class Method:
             gives, per seed, its `id_val` pick (WiSE-FT of the selected ANCHOR student); the result names the stage
             it evaluated (`evaluated`).
         checkpoint: "best" or "last", overriding the protocol's `student_checkpoint` for this method: "best" with
-            frequent validation is early stopping on the ID validation split.
+            frequent validation is early stopping on the ID validation split (and, for the `weak_val` rule, on the
+            teacher's labels of that split: the run also keeps that checkpoint and tests it).
+        test_every_validation: also test the checkpoint of every validation (`by_step` in the result): the
+            same-step comparison between methods. One test per validation.
+        fixed: a row with no stage of its own, {"method": <an earlier swept method>, "value": <one of its values>}:
+            that method's stage at a value fixed in advance, in every seed, under every rule (no selection; the
+            budget table counts its one fit). Nothing else may be set on such a row.
     """
 
     name: str
@@ -48,8 +54,19 @@ class Method:
     sweep: dict = field(default_factory=dict)
     from_method: Optional[str] = None
     checkpoint: Optional[str] = None
+    test_every_validation: bool = False
+    fixed: Optional[dict] = None
 
     def __post_init__(self) -> None:
+        if self.fixed is not None:
+            if set(self.fixed) != {"method", "value"}:
+                raise ValueError(f"method {self.name!r}: fixed takes {{method: <a swept method>, value: <one of its "
+                                 f"values>}}, got {self.fixed}")
+            own = [f.name for f in fields(self) if f.name not in ("name", "fixed") and getattr(self, f.name) !=
+                   _default(Method, f.name)]
+            if own:
+                raise ValueError(f"method {self.name!r} reads {self.fixed['method']!r}'s stage at a fixed value: it "
+                                 f"has no stage of its own, so drop its {own}")
         if len(self.sweep) > 1:
             raise ValueError(f"method {self.name!r}: sweep takes one flag (one hyperparameter per row), got "
                              f"{sorted(self.sweep)}")
@@ -181,6 +198,9 @@ class W2SProtocol:
         if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
             raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
         for i, method in enumerate(self.methods):
+            if method.fixed is not None:
+                self._check_fixed(method, {m.name: m for m in self.methods[:i]})
+                continue
             method.objective_class_path()  # an unknown objective fails here, naming the method
             if method.from_method is not None:
                 earlier = {m.name: m for m in self.methods[:i]}
@@ -216,6 +236,22 @@ class W2SProtocol:
         for path in [*self.trainer_configs, *self.data_configs, *self.teacher_configs, *self.student_configs]:
             if not os.path.isfile(path):
                 raise ValueError(f"config file {path!r} does not exist")
+
+    @staticmethod
+    def _check_fixed(method: Method, earlier: dict[str, Method]) -> None:
+        source = earlier.get(method.fixed["method"])
+        if source is None or not source.sweep:
+            raise ValueError(f"method {method.name!r}: fixed.method {method.fixed['method']!r} must name an earlier "
+                             f"method with a sweep; the earlier swept methods are "
+                             f"{[n for n, m in earlier.items() if m.sweep]}")
+        labels = [value_label(v) for v in source.sweep[source.sweep_flag]]
+        if value_label(method.fixed["value"]) not in labels:
+            raise ValueError(f"method {method.name!r}: fixed.value {method.fixed['value']!r} is not among "
+                             f"{source.name!r}'s {source.sweep_flag} values {source.sweep[source.sweep_flag]}")
+
+    def stage_methods(self) -> list[Method]:
+        """The methods that have stages of their own (all but the `fixed` rows)."""
+        return [m for m in self.methods if m.fixed is None]
 
     def _check_paired_reference(self, method_names: list[str]) -> None:
         if self.paired_reference is None:

@@ -4,12 +4,14 @@ or of another stage's checkpoint (`run_test_stage`). Every command goes to the s
 its `result.json`, atomically, when it is complete."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import time
 import uuid
 from typing import Any, Optional
 
+from callbacks.validation_history import find_validation_history
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.rank_errors import on_rank_zero
 from protocols.run_files import is_global_zero
@@ -26,7 +28,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     extra: dict[str, Any] = {}
 
     def fit_once(more: list[str], folder: str) -> tuple[Any, str, Optional[float]]:
-        fit_args = ["fit", *args, *more, *stage.location_args("fit", folder)]
+        fit_args = ["fit", *args, *more, *stage.location_args("fit", folder), *_history_args(stage, folder)]
         commands.append(fit_args)
         _write_commands(stage.dir, commands)
         fit = main(fit_args)
@@ -53,13 +55,14 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         val_acc = extra["teacher_search"]["val_acc"]
         args = [*args, *extra["teacher_search"]["chosen_args"]]
         extra["teacher_structure"] = measure(ckpt, data_init, stage.seed)  # the chosen one: report only
-        drift = teacher_labels = None
+        drift = teacher_labels = history = None
     else:
         fit, ckpt, val_acc = fit_once([], stage.dir)
         drift_cb = _find_drift_callback(fit.trainer)
         # the kept checkpoint's drift ({"id"|"ood_mean": measure -> layer<k> -> …}), not the final weights'
         drift = drift_cb.summary(step=checkpoint_step(ckpt)) if drift_cb is not None else None
         teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
+        history = find_validation_history(fit.trainer)
         del fit
     fit_seconds = time.time() - start
     test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
@@ -67,6 +70,8 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     test = main(test_args)
     result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
               "val_acc": val_acc, "identity": identity, "run": runs[-1], "args": args, **extra}
+    if stage.search is None and history is not None:
+        result.update(_other_rules(stage, args, ckpt, result["test"], history, commands + [test_args]))
     if drift:
         result["drift"] = drift
     if teacher_labels:
@@ -84,11 +89,15 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Opt
 
     commands, val_acc = [], None
     start = time.time()
+    val_weak_acc = None
     if stage.evaluates:
         commands.append(["validate", *args, *stage.location_args("validate"), "--verbose=false"])
         _write_commands(stage.dir, commands)
         validated = main(commands[-1])
-        val_acc = round(100.0 * float(validated.trainer.callback_metrics["val/acc"]), 2)
+        metrics = validated.trainer.callback_metrics
+        val_acc = round(100.0 * float(metrics["val/acc"]), 2)
+        if "val/weak_acc" in metrics:  # agreement with the teacher: the weak_val rule
+            val_weak_acc = round(100.0 * float(metrics["val/weak_acc"]), 2)
         del validated
     commands.append(["test", *args, *stage.location_args("test"), "--verbose=false"])
     _write_commands(stage.dir, commands)
@@ -96,12 +105,63 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Opt
     run = test.trainer.strategy.broadcast(uuid.uuid4().hex)  # as in `run_stage`: the same id on every rank
     checkpoint = stage.pretrained or next(a.split("=", 1)[1] for a in args if a.startswith("--ckpt_path="))
     result = {"test": test.model.test_results, "checkpoint": checkpoint, "fit_seconds": 0.0,
-              "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "identity": identity, "run": run,
-              "args": args, "pretrained": stage.pretrained}
+              "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "val_weak_acc": val_weak_acc,
+              "identity": identity, "run": run, "args": args, "pretrained": stage.pretrained}
     if evaluated:
         result["evaluated"] = evaluated
     on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
+
+
+def _history_args(stage: Stage, folder: str) -> list[str]:
+    """The `ValidationHistory` callback of a student fit (not of a teacher-search candidate): every validation's
+    two accuracies; the `val/weak_acc`-best checkpoint of an early-stopping stage (the `weak_val` rule's stopping
+    point); every validation's checkpoint of a same-step stage. Location-like: no part of the stage's identity
+    (it changes no training), so it is added here, beside the logger's folders."""
+    if stage.search is not None or stage.name == "teacher":
+        return []
+    init = {"dirpath": os.path.join(folder, "rule_checkpoints"), "keep_weak_best": stage.checkpoint == "best",
+            "keep_every": stage.keep_every}
+    return ["--trainer.callbacks+=" + json.dumps({"class_path": "callbacks.validation_history.ValidationHistory",
+                                                  "init_args": init})]
+
+
+def _other_rules(stage: Stage, args: list[str], ckpt: str, test: dict, history, commands: list[list[str]]) -> dict:
+    """What the rules other than `id_val` read from a fit: every validation (`validations`), the kept checkpoint's
+    agreement with the teacher (`val_weak_acc`), the `weak_val` stopping point's checkpoint and its test results
+    (`weak_val`, an early-stopping stage: tested only when it is not the `id_val` one), and the test results at every
+    validation (`by_step`, a same-step stage). The extra checkpoints are deleted once tested."""
+    from cli import main
+
+    step = checkpoint_step(ckpt)
+    kept = history.at_step(step) or (history.history[-1] if history.history else {})
+    out: dict[str, Any] = {"validations": history.history, "step": step, "val_weak_acc": kept.get("val_weak_acc")}
+
+    def test_at(path: str, version: str) -> dict:
+        test_args = ["test", *args, *stage.location_args(version), f"--ckpt_path={path}", "--verbose=false"]
+        commands.append(test_args)
+        _write_commands(stage.dir, commands)
+        return main(test_args).model.test_results
+
+    weak = history.weak_best
+    if stage.checkpoint == "best" and weak is not None:
+        same = weak["step"] == step
+        out["weak_val"] = {"step": weak["step"], "val_acc": weak["val_acc"], "val_weak_acc": weak["val_weak_acc"],
+                           "checkpoint": ckpt if same else weak["checkpoint"],
+                           "test": test if same else test_at(weak["checkpoint"], "test_weak_val")}
+    if stage.keep_every:
+        out["by_step"] = {str(e["step"]): {"val_acc": e["val_acc"], "val_weak_acc": e["val_weak_acc"],
+                                           "test": test if e["step"] == step else test_at(e["checkpoint"],
+                                                                                          f"test_step{e['step']}")}
+                          for e in history.history}
+        for e in history.history:
+            on_rank_zero(f"remove {e['checkpoint']}", _remove, e["checkpoint"])
+    return out
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
 
 
 def selected_val_acc(trainer, stage: Stage) -> Optional[float]:

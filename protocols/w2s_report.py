@@ -91,8 +91,9 @@ def fmt(cell: dict | None, key: str) -> str:
 def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     """results.json's content: the table (rows = methods, a swept method's row picked per seed by `id_val`), the
     `oracle_target` table beside it, the paired differences to ANCHOR, and what they need to be read."""
+    from protocols.budget import budget, budget_markdown, same_step, same_step_markdown
     from protocols.model_selection import (
-        paired, paired_markdown, select, selection_markdown, selection_record,
+        available, paired, paired_markdown, select, selection_markdown, selection_record,
     )
 
     first = next(iter(stages_raw["teacher"].values()))["test"]
@@ -111,6 +112,11 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     teacher_labels = teacher_label_structure(raw)
     searches, structures = teacher_recipe(raw)
     correlation = drift_ood_correlation(table, targets)
+    costs = budget(p, stages_raw)
+    missing = available(stages_raw, p, "weak_val")
+    weak = {} if missing else aggregate(select(p, stages_raw, "weak_val", targets)[0], id_source)
+    weak_by_reference = {r: d for r in references if (d := paired(weak, r))}
+    steps = same_step(p, stages_raw)
     oracle_part = ("Oracle selection (`oracle_target`: each swept method's value picked on the target **test** splits; "
                    "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds))) if oracle else ""
     markdown = "\n\n".join(part for part in (
@@ -118,6 +124,9 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
         selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds)),
         interval_table(table, targets) if len(p.seeds) > 1 else "",
         *(paired_markdown(d, r) for r, d in by_reference.items()),
+        budget_markdown(costs, list(table)),
+        weak_val_markdown(weak, weak_by_reference, selection, missing, cols, len(p.seeds)),
+        same_step_markdown(steps),
         teacher_structure_markdown(structures),
         oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
         teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
@@ -125,10 +134,32 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
             "selection": {"rule": "id_val", "swept": selection}, "oracle_rows": oracle, "paired": pairs,
             "paired_reference": references[0] if pairs else None, "paired_by_reference": by_reference,
+            "weak_val_rows": weak, "weak_val_paired_by_reference": weak_by_reference,
+            "weak_val_missing": missing, "budget": costs, "same_step": steps,
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in stages_raw.items()},
             "method_seconds": method_seconds(p, stages_raw)}
+
+
+def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: list[str], cols, n_seeds: int) -> str:
+    """The table under the strict weak-to-strong rule, `weak_val`, with its picks and paired differences; or why it
+    is absent."""
+    from protocols.model_selection import paired_markdown, selection_markdown
+
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        return (f"No `weak_val` table: {len(missing)} stage(s) finished before the teacher's validation labels were "
+                f"recorded ({shown}); rerun them with --force to read the run under that rule.")
+    if not weak:
+        return ""
+    head = ("Selection `weak_val` (the strict weak-to-strong reading: every swept value and stopping point chosen by "
+            "agreement with the teacher's labels on the ID validation split; no gold label, no target data). Rows "
+            "nested on another method's `id_val` pick are left out:")
+    return "\n\n".join(part for part in (
+        head, selection_markdown(selection, "weak_val"), markdown_table(weak, cols, n_seeds),
+        *(paired_markdown(d, r).replace("Paired differences", "Under `weak_val`, paired differences", 1)
+          for r, d in by_reference.items())) if part)
 
 
 def method_seconds(p, stages_raw: dict[str, dict[int, dict]]) -> dict[str, dict]:

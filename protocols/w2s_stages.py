@@ -39,6 +39,7 @@ class Stage:
     value: Any = None  # its swept value
     evaluates: Optional[str] = None  # a method of the same seed whose checkpoint this one only evaluates
     source_args: dict = field(default_factory=dict)  # its stages' own arguments (a swept source: the value's flag)
+    keep_every: bool = False  # test the checkpoint of every validation (the same-step comparison: `by_step`)
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -84,7 +85,7 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
                                 p.student_checkpoint, ("teacher",)))
         by_name = {m.name: m for m in p.methods}
-        for m in p.methods:
+        for m in p.stage_methods():
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
             model_args, source_args = m.cli_args(), {}
             if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
@@ -97,7 +98,7 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                 stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + model_args + extra,
                                     PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
                                     upstream, method=m.name, value=value, evaluates=m.from_method,
-                                    source_args=source_args))
+                                    source_args=source_args, keep_every=m.test_every_validation))
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -169,8 +170,11 @@ def identity_of(stage: Stage, upstream: dict) -> dict:
     model = checkpoint_key(stage.pretrained, "--teacher_pretrained / --zero_shot") if stage.pretrained else None
     if stage.data is None:  # hashed once per stage and run (file hashes are cached across runs too)
         stage.data = data_identity(without_location(stage.config))
-    return stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data,
-                          search=asdict(stage.search) if stage.search else None)
+    identity = stage_identity(stage.config, stage.checkpoint, upstream, model=model, data=stage.data,
+                              search=asdict(stage.search) if stage.search else None)
+    if stage.keep_every:  # its result holds every validation's test results too (absent otherwise: old identities)
+        identity["keep_every"] = True
+    return identity
 
 
 def clear_stage_dir(stage_dir: str) -> None:

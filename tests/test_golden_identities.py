@@ -37,7 +37,29 @@ def _placeholders(text: str, extra: dict[str, str]) -> str:
     return text
 
 
+# Options added to the code after the pin (issue 36). The engine reads a finished stage whose recorded config lacks
+# such a key, and whose current value is the code's declared default, as the same stage (`added_at_default`); the
+# pin does the same, and only for these keys: any other key, or one of these set to another value, still changes it.
+ADDED_SINCE_PIN = {
+    "model.init_args.bsr_coef", "model.init_args.grm_coef", "model.init_args.grm_form", "model.init_args.grm_beta",
+    "model.init_args.grm_logp_reduction", "model.init_args.objective.init_args.label_temperature",
+    "model.init_args.objective.init_args.label_smoothing",
+}
+
+
+def _without_added_defaults(identity: dict) -> dict:
+    from protocols.stage_identity import declared_default
+
+    config = identity.get("config")
+    if not isinstance(config, dict):
+        return identity
+    drop = {k for k in ADDED_SINCE_PIN & set(config)
+            if json.loads(json.dumps(declared_default(k, config), default=str)) == config[k]}
+    return {**identity, "config": {k: v for k, v in config.items() if k not in drop}}
+
+
 def _normalised_digest(identity: dict, extra: dict[str, str] = {}) -> str:
+    identity = _without_added_defaults(identity)
     return digest(json.loads(_placeholders(json.dumps(identity, sort_keys=True, default=str), extra)))
 
 
@@ -125,6 +147,17 @@ def test_every_shipped_stage_keeps_its_identity(tmp_path):
     golden = json.load(open(GOLDEN, encoding="utf-8"))
     _compare(measured, golden, subset=False)
     assert sum(len(v) for v in golden.values()) > 600  # the pin covers the shipped grid, not a handful of stages
+
+
+def test_only_the_options_added_since_the_pin_and_only_at_their_default_are_left_out():
+    base = {"config": {"model.init_args.class_path": "x", "model.class_path":
+                       "lightning_modules.reward.reward_model.RewardModelModule", "model.init_args.anchor_coef": 0.0}}
+    at_default = {"config": {**base["config"], "model.init_args.bsr_coef": 0.0, "model.init_args.grm_form": "sft"}}
+    assert _normalised_digest(at_default) == _normalised_digest(base)
+    assert _normalised_digest({"config": {**at_default["config"], "model.init_args.bsr_coef": 0.001}}) != \
+        _normalised_digest(base)
+    assert _normalised_digest({"config": {**base["config"], "model.init_args.new_option": 0.0}}) != \
+        _normalised_digest(base)
 
 
 def test_placeholders_make_the_digest_independent_of_where_the_repository_lies():

@@ -205,7 +205,8 @@ def test_ddp_protocol_writes_each_file_once_and_every_rank_computes_the_table(tm
     ranks = [json.load(open(tmp_path / f"table.rank{r}.json")) for r in (0, 1)]
     assert ranks[0] == ranks[1] == json.load(open(os.path.join(out, "results.json")))["rows"]
     assert list(ranks[0]) == ["teacher", "ceiling", "naive"]
-    assert proc.stdout.count("| method |") == 1  # the table is printed once
+    # the report is printed once: its id_val and weak_val tables, its budget table
+    assert proc.stdout.count("| method | ID acc |") == 2 and proc.stdout.count("| method | fits |") == 1
     for stage in ("teacher", "ceiling", "naive"):
         lines = open(os.path.join(out, "seed0", stage, "commands.sh")).read().splitlines()
         assert [line.split()[2] for line in lines] == ["fit", "test"], stage

@@ -58,6 +58,15 @@ def tempered(q: float, temperature: float) -> float:
     return 1.0 / (1.0 + math.exp(-math.log(q / (1.0 - q)) / temperature))
 
 
+VALIDATION = ":validation"  # the validation split's key among the teacher's margins (no source name starts with ':')
+
+
+def _margin_key(kind: str) -> str:
+    """The teacher margins a split reads: a test split's by its name, the validation split's (weak_val) by
+    `VALIDATION`; the training halves read none."""
+    return kind[len("test/"):] if kind.startswith("test/") else VALIDATION if kind == "validation" else ""
+
+
 class PairDataset(Dataset):
     """Tokenized pairs held as column lists; optional soft labels q and order swaps keyed by record id.
 
@@ -364,7 +373,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         tests = {n: records[f"test/{n}"] for n in self.test_split_names}
         seed = hp.seed if hp.label_seed is None else hp.label_seed
         path = weak_label_path(self.cache_dir, hp.teacher_checkpoint, records["train_student"], tests, seed,
-                               hp.max_length, hp.truncation)
+                               hp.max_length, hp.truncation, records["validation"])
         if compute and not os.path.isfile(path):
             if self.weak_labeller is None:
                 raise RuntimeError(
@@ -376,7 +385,8 @@ class PreferenceDataModule(pl.LightningDataModule):
             rank_zero_info(f"[data] labelling {len(records['train_student'])} student-half pairs with the teacher "
                            f"{hp.teacher_checkpoint}")
             self.weak_labeller(hp.teacher_checkpoint, records["train_student"], tests, seed, hp.max_length,
-                               hp.truncation, path, batch_size=hp.eval_batch_size)
+                               hp.truncation, path, batch_size=hp.eval_batch_size,
+                               validation_records=records["validation"])
         return path
 
     def _needed_kinds(self) -> list[str]:
@@ -397,7 +407,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         status: dict[str, dict] = {}
         weak = self._load_weak_labels(records)
         labels = weak["labels"] if weak and self.hparams.train_labels == "weak" else None
-        margins = weak.get("teacher_margins", {}) if weak else {}
+        margins = dict(weak.get("teacher_margins", {})) if weak else {}
+        if weak and "validation_margins" in weak:  # the weak_val rule's reference (the teacher's, never gold)
+            margins[VALIDATION] = weak["validation_margins"]
         for kind in self._needed_kinds():
             ds, cached = self._tokenized(kind, records[kind], key)
             counts = Counter(value_counts(ds, "status"))
@@ -411,7 +423,7 @@ class PreferenceDataModule(pl.LightningDataModule):
                 if missing:
                     raise DataError(f"--data.weak_labels {self.hparams.weak_labels} has no label for {len(missing)} "
                                     f"training pairs (e.g. {missing[0]!r}): made for another split or seed?")
-            self.datasets[kind] = PairDataset(ds, use_labels, margins.get(kind[len("test/"):]))
+            self.datasets[kind] = PairDataset(ds, use_labels, margins.get(_margin_key(kind)))
             status[kind]["cached"] = cached
         self.manifest = {
             "source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,

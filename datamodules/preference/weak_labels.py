@@ -26,7 +26,7 @@ from datamodules.classifier_paths import canonical_classifier, classifier_source
 from datamodules.preference.prepared_index import file_sha256
 from datamodules.preference.records import fingerprint
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the teacher also scores the validation split (`validation_margins`, the weak_val rule)
 
 
 def swap_order(record_id: str, seed: int) -> bool:
@@ -103,10 +103,12 @@ def hub_commit(repo_id: str, flag: str) -> str:
 
 
 def weak_label_path(cache_dir: str, teacher_checkpoint: str, student_records: list[dict],
-                    test_records: dict[str, list[dict]], seed: int, max_length: int, truncation: str) -> str:
+                    test_records: dict[str, list[dict]], seed: int, max_length: int, truncation: str,
+                    validation_records: Optional[list[dict]] = None) -> str:
     teacher = [checkpoint_key(teacher_checkpoint), checkpoint_contents(teacher_checkpoint)]
     payload = json.dumps([FORMAT_VERSION, teacher, fingerprint(student_records),
-                          {k: fingerprint(v) for k, v in sorted(test_records.items())}, seed, max_length, truncation])
+                          {k: fingerprint(v) for k, v in sorted(test_records.items())}, seed, max_length, truncation,
+                          fingerprint(validation_records or [])])
     key = hashlib.sha1(payload.encode("utf-8")).hexdigest()[:20]
     return os.path.join(cache_dir, "weak_labels", f"{key}.json")
 
@@ -116,11 +118,13 @@ class WeakLabeller(Protocol):
     teacher, write the file at `out_path` (`write_weak_labels`) and return its contents."""
 
     def __call__(self, teacher_checkpoint: str, student_records: list[dict], test_records: dict[str, list[dict]],
-                 seed: int, max_length: int, truncation: str, out_path: str, batch_size: int = 64) -> dict: ...
+                 seed: int, max_length: int, truncation: str, out_path: str, batch_size: int = 64,
+                 validation_records: Optional[list[dict]] = None) -> dict: ...
 
 
 def write_weak_labels(out_path: str, teacher_checkpoint: str, seed: int, teacher_tokenizer: str,
-                      labels: dict[str, list], teacher_margins: dict[str, dict[str, float]]) -> dict:
+                      labels: dict[str, list], teacher_margins: dict[str, dict[str, float]],
+                      validation_margins: Optional[dict[str, float]] = None) -> dict:
     """Write the weak-label file atomically and return its contents (what `read_weak_labels` reads back).
 
     Args:
@@ -130,6 +134,9 @@ def write_weak_labels(out_path: str, teacher_checkpoint: str, seed: int, teacher
         teacher_tokenizer: the tokenizer the teacher scored with.
         labels: record id -> [q, swapped] on the student half, q = P(a ≻ b), swapped meaning a = rejected.
         teacher_margins: test split name -> record id -> the teacher's chosen − rejected margin.
+        validation_margins: record id -> the teacher's chosen − rejected margin on the source's validation split:
+            what the `weak_val` selection rule scores students against (their agreement with the teacher, no gold
+            label read). Absent in files made before it (format 1, or a `--data.weak_labels` file without it).
     """
     payload = {
         "meta": {"teacher_checkpoint": teacher_name(teacher_checkpoint), "seed": seed, "pairs": len(labels),
@@ -139,6 +146,8 @@ def write_weak_labels(out_path: str, teacher_checkpoint: str, seed: int, teacher
         "labels": labels,
         "teacher_margins": teacher_margins,
     }
+    if validation_margins is not None:
+        payload["validation_margins"] = validation_margins
     atomic_write_json(payload, out_path, indent=None)  # large: no indentation
     return payload
 

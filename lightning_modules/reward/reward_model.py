@@ -3,13 +3,14 @@
 A batch holds B pairs; chosen/a and rejected/b go through the backbone in ONE forward of 2B sequences
 (rows [0, B) are the a's, rows [B, 2B) the b's). ANCHOR adds λ·masked-MSE between the student's hidden states
 and a frozen reference's (held by `ReferenceModelCallback`), over response tokens only. The robust fine-tuning
-baselines L2-SP, LP-FT and WiSE-FT (`robust_finetuning.py`, docs/robust_baselines.md) are options of the same module.
+baselines L2-SP, LP-FT and WiSE-FT (`robust_finetuning.py`), and the robust reward-model objectives BSR and GRM
+(`grm.py`), are options of the same module (docs/robust_baselines.md).
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch import LightningModule
@@ -26,11 +27,14 @@ from lightning_modules.export.hf_classifier import (
     load_hf_classifier,
 )
 from lightning_modules.reward.backbones import (
-    QUANTIZATION, LoraSpec, apply_lora, build_backbone, disable_dropout, hidden_size, is_tiny, limit_vocabulary,
-    num_layers,
+    QUANTIZATION, LoraSpec, apply_lora, build_backbone, build_backbone_with_lm_head, disable_dropout, hidden_size,
+    is_tiny, limit_vocabulary, num_layers,
 )
+from lightning_modules.reward.grm import check_grm_options, prediction_positions, sequence_log_probs
 from lightning_modules.reward.heads import Pooling, RewardHead
-from lightning_modules.reward.losses import reward_centering_loss, selected_mse
+from lightning_modules.reward.losses import (
+    batch_sum_to_zero_loss, grm_dpo_loss, grm_sft_loss, reward_centering_loss, selected_mse,
+)
 from lightning_modules.reward.metrics import PairwiseAccuracy, SplitMetrics, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
 from lightning_modules.reward.robust_finetuning import (
@@ -61,7 +65,22 @@ class RewardModelModule(LightningModule):
         anchor_coef: λ of ANCHOR; 0 disables it (and no reference model is built).
         anchor_layers: depth fractions of the anchored hidden states: 1.0 = last layer (the one the head reads);
             e.g. [0.5, 0.75] for the intermediate variant. The anchor term is the mean over these layers.
-        center_rewards_coef: coefficient of the reward-centering term mean((r_a + r_b)²); 0 disables it.
+        center_rewards_coef: coefficient c of the reward-centering term c·mean((r_a + r_b)²) (Eisenstein et al.;
+            TRL's `center_rewards_coefficient`, ≈ 0.01); 0 disables it. Logged as `train/center_loss` (unscaled).
+        bsr_coef: λ of BSR, batch-wise sum-to-zero regularisation (Hong et al., ICML 2025): adds
+            λ·B·(mean of the batch's 2B rewards)², B = pairs in the batch; the paper's λ is 1e-3. Under DDP the batch
+            is each process's own (no gather). Logged as `train/bsr` (B·mean², unscaled); 0 disables it.
+        grm_coef: α of GRM (Yang et al., NeurIPS 2024): the loss becomes (1 − α)·L_pref + α·L_reg, L_reg a
+            text-generation loss of the causal LM's own head on the same last hidden states (the public default
+            is 0.01); the other terms (centering, BSR, ANCHOR, L2-SP) add on top. Causal LMs only (the MiniLM /
+            BERT encoders and `hf_classifier:` backbones have no language-model head: refused). 0 disables it (no
+            LM head is loaded). Logged as `train/grm_reg` (L_reg) and `train/grm_term` (α·L_reg).
+        grm_form: "sft": L_reg = −log σ(β·log π(y_c | x)); "dpo": DPO's −log σ(β·[(log π − log π_ref)(y_c) −
+            (log π − log π_ref)(y_r)]) with π_ref the frozen initial student (ReferenceModelCallback: backbone and
+            LM head); "dpo_noref": the same with log π_ref = 0 (the public code's reference-free variant). With soft
+            labels q, side a counts as chosen with weight q and side b with 1 − q (docs/robust_baselines.md).
+        grm_beta: β of the GRM term (public default 0.1).
+        grm_logp_reduction: log π(y | x) over the response tokens: "sum" (the public code's) or "mean".
         lora: LoRA adapters (peft) on the backbone; the head stays fully trainable.
         quantization: "4bit" / "8bit" loading through bitsandbytes (pretrained backbones, with LoRA).
         dtype: parameter dtype for pretrained backbones ("bfloat16", ...); null keeps the checkpoint's.
@@ -115,6 +134,11 @@ class RewardModelModule(LightningModule):
         anchor_coef: float = 0.0,
         anchor_layers: list[float] = [1.0],
         center_rewards_coef: float = 0.0,
+        bsr_coef: float = 0.0,
+        grm_coef: float = 0.0,
+        grm_form: Literal["sft", "dpo", "dpo_noref"] = "sft",
+        grm_beta: float = 0.1,
+        grm_logp_reduction: Literal["sum", "mean"] = "sum",
         lora: Optional[LoraSpec] = None,
         quantization: Optional[str] = None,
         dtype: Optional[str] = None,
@@ -138,6 +162,7 @@ class RewardModelModule(LightningModule):
         _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers)
         classifier = is_hf_classifier(backbone)
         check_robust_options(l2sp_coef, linear_probe_epochs, wise_ft_alpha, lora, quantization, classifier)
+        _check_reward_regularisers(backbone, bsr_coef, grm_coef, grm_form, grm_beta, grm_logp_reduction, classifier)
         if classifier:
             check_classifier_options(backbone, **{k: v for k, v in self.hparams.items() if k != "backbone"})
             # before its tokenizer loads: a folder without config.json would fail there, naming neither
@@ -149,14 +174,21 @@ class RewardModelModule(LightningModule):
         self.objective = objective or GoldBradleyTerry()
         self.anchor_coef = float(anchor_coef)
         self.center_rewards_coef = float(center_rewards_coef)
+        self.bsr_coef = float(bsr_coef)
+        self.grm_coef, self.grm_form, self.grm_beta = float(grm_coef), grm_form, float(grm_beta)
+        self.grm_logp_reduction = grm_logp_reduction
         if length_buckets < 1:
             raise ValueError(f"--model.length_buckets must be >= 1, got {length_buckets}")
         self.length_buckets = int(length_buckets)
         self.last_token_scoring = bool(last_token_scoring)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
+        self.lm_head: Optional[nn.Module] = None  # the causal LM's head, for GRM only
         if classifier:
             self.backbone = load_hf_classifier(backbone, tok, dtype)
+        elif self.grm_coef > 0:
+            self.backbone, self.lm_head = build_backbone_with_lm_head(
+                backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype, keep_layers=keep_layers)
         else:
             self.backbone = build_backbone(backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype,
                                            keep_layers=keep_layers)
@@ -177,6 +209,10 @@ class RewardModelModule(LightningModule):
             self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora is not None:
             self.backbone = apply_lora(self.backbone, lora, quantized=quantization is not None)
+            if self.lm_head is not None:
+                # LoRA trains adapters only (peft's "all-linear" leaves a causal LM's head out): the head stays at
+                # its pretrained weights, so the DPO reference is the base with adapters disabled + this same head
+                self.lm_head.requires_grad_(False)
         self.frozen_prefix: Optional[FrozenPrefix] = None  # a plain attribute: it holds the backbone, no weights
         if share_frozen_prefix or cache_frozen_prefix:
             if gradient_checkpointing:
@@ -192,13 +228,17 @@ class RewardModelModule(LightningModule):
             self.register_load_state_dict_post_hook(_invalidate_frozen_prefix)
         self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
         anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
-        if center_rewards_coef == 0 and not anchors_last and not classifier:
+        # The final LayerNorm's bias shifts every reward alike: centering and BSR penalise the rewards' level, and
+        # a last-layer anchor and GRM's LM head (W·b shifts each vocabulary logit differently) read the states
+        # themselves, so under any of them it gets a real gradient and stays trainable.
+        if center_rewards_coef == 0 and bsr_coef == 0 and grm_coef == 0 and not anchors_last and not classifier:
             _freeze_reward_offset(self.backbone)
         if not classifier:
             _freeze_key_biases(self.backbone)
         self._init_robust_finetuning(float(l2sp_coef), int(linear_probe_epochs), wise_ft_alpha)
         self.head = None if classifier else RewardHead(hidden_size(self.backbone), pooling)  # None: its own head
         self.val_acc = PairwiseAccuracy()
+        self.val_weak_acc = PairwiseAccuracy()  # agreement with the teacher on validation (the weak_val rule)
         self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
         self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
@@ -223,10 +263,17 @@ class RewardModelModule(LightningModule):
     # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
     @property
     def reference_coef(self) -> float:
+        """ANCHOR's λ, or, without ANCHOR, GRM's α when its "dpo" form needs π_ref: nonzero = build a reference."""
+        if self.anchor_coef == 0 and self.grm_form == "dpo":
+            return self.grm_coef
         return self.anchor_coef
 
     def reference_target(self) -> nn.Module:
         return self.backbone
+
+    def reference_head(self) -> Optional[nn.Module]:
+        """The LM head the reference freezes with the backbone (GRM's "dpo" form: log π_ref); None otherwise."""
+        return self.lm_head if self.grm_coef > 0 and self.grm_form == "dpo" else None
 
     # ---- scoring -----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
@@ -261,16 +308,26 @@ class RewardModelModule(LightningModule):
         if self.frozen_prefix is not None:
             rewards, hidden, prefix = self._forward_from_prefix(batch)
         else:
-            rewards, hidden = self(batch["input_ids"], batch["attention_mask"], output_hidden_states=anchored)
+            rewards, hidden = self(batch["input_ids"], batch["attention_mask"],
+                                   output_hidden_states=anchored or self.grm_coef > 0)
         r_a, r_b = rewards.chunk(2)
         margin = r_a - r_b  # (B,)
         pref_loss = self.objective(margin, batch["labels"], self._progress())
         loss = pref_loss
         logs = {"train/pref_loss": pref_loss, "train/margin": margin.detach().mean()}
+        if self.grm_coef > 0:
+            reg = self.grm_loss(batch, hidden[-1], prefix)
+            loss = (1.0 - self.grm_coef) * pref_loss + self.grm_coef * reg
+            logs["train/grm_reg"] = reg
+            logs["train/grm_term"] = self.grm_coef * reg.detach()
         if self.center_rewards_coef > 0:
             center = reward_centering_loss(r_a, r_b)
             loss = loss + self.center_rewards_coef * center
             logs["train/center_loss"] = center
+        if self.bsr_coef > 0:
+            bsr = batch_sum_to_zero_loss(r_a, r_b)  # this process's batch: under DDP no gather
+            loss = loss + self.bsr_coef * bsr
+            logs["train/bsr"] = bsr
         if anchored:
             anchor = self.anchor_loss(batch, hidden, prefix)
             loss = loss + self.anchor_coef * anchor
@@ -287,7 +344,8 @@ class RewardModelModule(LightningModule):
         return loss
 
     def _forward_from_prefix(self, batch: dict) -> tuple:
-        """Rewards (N,), hidden states (None below k) and the prefix (family, k, h_k) the reference reuses."""
+        """Rewards (N,), hidden states (None below k) and the prefix (family, k, h_k) the reference reuses. The last
+        entry is the last layer's (normed) output at every position: ANCHOR and GRM's LM head read it."""
         fp, mask = self.frozen_prefix, batch["attention_mask"]
         h_k = fp(batch["input_ids"], mask)  # (N, T, H), no grad: frozen
         hidden = upper_hidden_states(self.backbone, fp.family, fp.k, h_k, mask, self.length_buckets)
@@ -342,6 +400,34 @@ class RewardModelModule(LightningModule):
         terms = [selected_mse(hidden[l][select], r) for l, r in zip(self.anchor_layer_ids, ref)]
         return torch.stack(terms).mean()
 
+    def grm_loss(self, batch: dict, last_hidden: torch.Tensor, prefix: Optional[tuple] = None) -> torch.Tensor:
+        """GRM's L_reg (`--model.grm_form`) from the student's last hidden states (2B, T, H) at every position.
+
+        Soft labels: side a is "chosen" with weight q and side b with weight 1 − q (`losses.grm_sft_loss`,
+        `grm_dpo_loss`), the expectation of the paper's loss under the label distribution, as the naive W2S loss
+        BCE(Δ, q) is of the Bradley–Terry loss; gold labels (q = 1, a = chosen) give the paper's form exactly. The
+        labels are q as given (not an objective's tempered or smoothed q''). The SFT form skips rows of weight 0.
+        """
+        q, mask, ids = batch["labels"], batch["attention_mask"], batch["input_ids"]
+        rows = torch.cat([q != 0, q != 1]) if self.grm_form == "sft" else None  # (2B,): a's weight q, b's 1 − q
+        select = prediction_positions(batch["response_mask"], mask, rows)  # (2B, T)
+        logp_a, logp_b = sequence_log_probs(last_hidden[select], self.lm_head, select, ids,
+                                            self.grm_logp_reduction).chunk(2)  # (B,), (B,)
+        if self.grm_form == "sft":
+            return grm_sft_loss(logp_a, logp_b, q, self.grm_beta)
+        if self.grm_form == "dpo_noref":
+            zero = torch.zeros_like(logp_a)
+            return grm_dpo_loss(logp_a, logp_b, zero, zero, q, self.grm_beta)
+        reference = self.frozen_reference
+        if reference is None:
+            raise RuntimeError("--model.grm_form dpo needs callbacks.reference_model.ReferenceModelCallback in the "
+                               "trainer's callbacks (cli.py always adds it)")
+        keys = [("grm", *k) for k in _row_keys(batch)]  # apart from ANCHOR's rows in a per-fit cache
+        ref = reference.response_log_probs(ids, mask, select, self.grm_logp_reduction, keys, prefix,
+                                           self.length_buckets)
+        ref_a, ref_b = ref.chunk(2)
+        return grm_dpo_loss(logp_a, logp_b, ref_a, ref_b, q, self.grm_beta)
+
     def _progress(self) -> float:
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else 0
         return float(self.global_step) / total if total and total != float("inf") else 0.0
@@ -361,6 +447,10 @@ class RewardModelModule(LightningModule):
         self.val_acc.update(margin, batch["index"])
         self.log("val/loss", -torch.nn.functional.logsigmoid(margin).mean(), batch_size=margin.shape[0], sync_dist=True)
         self.log("val/acc", self.val_acc, on_epoch=True, batch_size=margin.shape[0])
+        if "teacher_margin" in batch:  # a W2S student's validation: also its agreement with the teacher (no gold)
+            agree = torch.where(batch["teacher_margin"].to(margin.device) > 0, margin, -margin)
+            self.val_weak_acc.update(agree, batch["index"])
+            self.log("val/weak_acc", self.val_weak_acc, on_epoch=True, batch_size=margin.shape[0])
 
     def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         name = self.trainer.datamodule.test_split_names[dataloader_idx]
@@ -525,6 +615,18 @@ def _disable_dropout_everywhere(backbone: nn.Module) -> None:
     for key in ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "hidden_dropout_prob"):
         if hasattr(cfg, key):
             setattr(cfg, key, 0.0)  # attention dropout is read from the config at forward time in some models
+
+
+def _check_reward_regularisers(backbone: str, bsr_coef: float, grm_coef: float, grm_form: str, grm_beta: float,
+                               grm_logp_reduction: str, classifier: bool) -> None:
+    if bsr_coef < 0:
+        raise ValueError(f"--model.bsr_coef must be >= 0, got {bsr_coef}")
+    check_grm_options(grm_coef, grm_form, grm_beta, grm_logp_reduction)
+    if classifier and (bsr_coef > 0 or grm_coef > 0):
+        flag = "--model.grm_coef" if grm_coef > 0 else "--model.bsr_coef"
+        why = " and has no language-model head" if grm_coef > 0 else ""
+        raise ValueError(f"{flag}: --model.backbone {backbone!r} is an outside reward model scored whole: it only "
+                         f"evaluates{why}. Drop the flag")
 
 
 def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers) -> None:

@@ -49,8 +49,10 @@ def score_pairs(model, tokenizer, records: list[dict], swaps: list[bool], max_le
 
 def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], test_records: dict[str, list[dict]],
                         seed: int, max_length: int, truncation: str, out_path: str,
-                        batch_size: int = 64, device: Optional[str] = None) -> dict:
-    """Label the student half with the teacher and score every test split; write the file at `out_path`.
+                        batch_size: int = 64, device: Optional[str] = None,
+                        validation_records: Optional[list[dict]] = None) -> dict:
+    """Label the student half with the teacher, score every test split and the validation split (the `weak_val`
+    selection rule's reference: the teacher's preferences, not gold); write the file at `out_path`.
 
     A `WeakLabeller` (`datamodules/preference/weak_labels.py`): labels that carry no information are refused before
     the test splits are scored (`check_informative`), and nothing is written then.
@@ -68,7 +70,13 @@ def compute_weak_labels(teacher_checkpoint: str, student_records: list[dict], te
     for split, recs in test_records.items():
         m = score_pairs(model, tokenizer, recs, [False] * len(recs), max_length, truncation, batch_size)
         teacher_margins[split] = {r["id"]: v for r, v in zip(recs, m)}
-    return write_weak_labels(out_path, teacher_checkpoint, seed, model.tokenizer_name, labels, teacher_margins)
+    validation_margins = None
+    if validation_records:
+        m = score_pairs(model, tokenizer, validation_records, [False] * len(validation_records), max_length,
+                        truncation, batch_size)
+        validation_margins = {r["id"]: v for r, v in zip(validation_records, m)}
+    return write_weak_labels(out_path, teacher_checkpoint, seed, model.tokenizer_name, labels, teacher_margins,
+                             validation_margins)
 
 
 def load_teacher(teacher_checkpoint: str, flag: str = "--data.teacher_checkpoint"):
