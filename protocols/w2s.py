@@ -118,8 +118,9 @@ class W2SHooks:
         evaluated = evaluated_stage(stage, done) if stage.evaluates else None
         args = stage.args + upstream_args(stage, done, evaluated)
         with output_to(None if self.verbose else os.path.join(stage.dir, "stage.log")):
-            if stage.pretrained or stage.evaluates:
-                result = run_test_stage(stage, args, identity, evaluated)
+            if stage.pretrained or stage.evaluates or stage.combine:
+                members = [done[n][stage.seed]["checkpoint"] for n in stage.members]
+                result = run_test_stage(stage, args, identity, evaluated, members)
             else:
                 result = run_stage(stage, args, identity)
         if stage.name == "ceiling":  # the methods' --model.ceiling_results

@@ -40,6 +40,11 @@ class Method:
             teacher's labels of that split: the run also keeps that checkpoint and tests it).
         test_every_validation: also test the checkpoint of every validation (`by_step` in the result): the
             same-step comparison between methods. One test per validation.
+        ensemble: an evaluation-only row over students of the same seed that share a start,
+            {"of": [earlier fitted methods], "by": "weights" | "predictions"}: every stage of each named method (all
+            of a sweep's values: no selection, so the row is the same under every rule) combined by weight averaging
+            (WARM; `lightning_modules.reward.weight_averaging`) or by the mean of their rewards (a prediction
+            ensemble; `lightning_modules.reward.ensemble`). Costs a validate + test. Nothing else may be set.
         fixed: a row with no stage of its own, {"method": <an earlier swept method>, "value": <one of its values>}:
             that method's stage at a value fixed in advance, in every seed, under every rule (no selection; the
             budget table counts its one fit). Nothing else may be set on such a row.
@@ -55,9 +60,19 @@ class Method:
     from_method: Optional[str] = None
     checkpoint: Optional[str] = None
     test_every_validation: bool = False
+    ensemble: Optional[dict] = None
     fixed: Optional[dict] = None
 
     def __post_init__(self) -> None:
+        if self.ensemble is not None:
+            if set(self.ensemble) != {"of", "by"} or self.ensemble["by"] not in ("weights", "predictions") \
+                    or not isinstance(self.ensemble["of"], list) or not self.ensemble["of"]:
+                raise ValueError(f"method {self.name!r}: ensemble takes {{of: [earlier fitted methods], by: weights | "
+                                 f"predictions}}, got {self.ensemble}")
+            own = [f.name for f in fields(self) if f.name not in ("name", "ensemble") and getattr(self, f.name) !=
+                   _default(Method, f.name)]
+            if own:
+                raise ValueError(f"method {self.name!r} combines other methods' students: drop its {own}")
         if self.fixed is not None:
             if set(self.fixed) != {"method", "value"}:
                 raise ValueError(f"method {self.name!r}: fixed takes {{method: <a swept method>, value: <one of its "
@@ -200,6 +215,16 @@ class W2SProtocol:
         for i, method in enumerate(self.methods):
             if method.fixed is not None:
                 self._check_fixed(method, {m.name: m for m in self.methods[:i]})
+                continue
+            if method.ensemble is not None:
+                earlier = {m.name: m for m in self.methods[:i]}
+                bad = [n for n in method.ensemble["of"] if n not in earlier or earlier[n].from_method
+                       or earlier[n].fixed is not None or earlier[n].ensemble is not None]
+                members = sum(len(earlier[n].variants()) for n in method.ensemble["of"] if n not in bad)
+                if bad or len(set(method.ensemble["of"])) != len(method.ensemble["of"]) or members < 2:
+                    raise ValueError(f"method {method.name!r}: ensemble.of {method.ensemble['of']} must name distinct "
+                                     f"earlier methods that fit their students ({bad or 'repeated'}), 2 stages or "
+                                     "more in all")
                 continue
             method.objective_class_path()  # an unknown objective fails here, naming the method
             if method.from_method is not None:

@@ -80,17 +80,25 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     return result
 
 
-def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Optional[str] = None) -> dict:
+def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Optional[str] = None,
+                   members: Optional[list[str]] = None) -> dict:
     """A stage that fits nothing: an outside model's (`cli.py test` only; "checkpoint" is the model itself,
     `hf_classifier:...`, which the students' `--data.teacher_checkpoint` then takes), or one that evaluates another
     stage's checkpoint (`evaluates`, `--ckpt_path` among `args`: `cli.py validate`, for model selection, then
-    `cli.py test`; `evaluated`: that stage's name). Its result has a fitted stage's keys."""
+    `cli.py test`; `evaluated`: that stage's name), or an ensemble row's (`combine`: the `members`' checkpoints
+    averaged into one first, or scored together). Its result has a fitted stage's keys."""
     from cli import main
 
     commands, val_acc = [], None
     start = time.time()
     val_weak_acc = None
-    if stage.evaluates:
+    if stage.combine == "weights":
+        from lightning_modules.reward.weight_averaging import average_checkpoints
+        from protocols.w2s_stages import averaged_checkpoint
+
+        on_rank_zero(f"average {len(members)} checkpoints into {averaged_checkpoint(stage)}", average_checkpoints,
+                     members, averaged_checkpoint(stage))
+    if stage.evaluates or stage.combine:
         commands.append(["validate", *args, *stage.location_args("validate"), "--verbose=false"])
         _write_commands(stage.dir, commands)
         validated = main(commands[-1])
@@ -103,12 +111,15 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Opt
     _write_commands(stage.dir, commands)
     test = main(commands[-1])
     run = test.trainer.strategy.broadcast(uuid.uuid4().hex)  # as in `run_stage`: the same id on every rank
-    checkpoint = stage.pretrained or next(a.split("=", 1)[1] for a in args if a.startswith("--ckpt_path="))
+    checkpoint = stage.pretrained or next((a.split("=", 1)[1] for a in args if a.startswith("--ckpt_path=")), None)
     result = {"test": test.model.test_results, "checkpoint": checkpoint, "fit_seconds": 0.0,
               "test_seconds": round(time.time() - start, 1), "val_acc": val_acc, "val_weak_acc": val_weak_acc,
               "identity": identity, "run": run, "args": args, "pretrained": stage.pretrained}
     if evaluated:
         result["evaluated"] = evaluated
+    if stage.combine:
+        result["evaluated"] = f"{stage.combine} of {len(members)}"
+        result["members"] = list(stage.members)
     on_rank_zero(f"write {stage.result_path}", atomic_write_json, result, stage.result_path)
     return result
 

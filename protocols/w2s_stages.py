@@ -7,6 +7,7 @@ a stage reads from its upstream stages, and its identity (`identity_of`: what a 
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,8 @@ class Stage:
     evaluates: Optional[str] = None  # a method of the same seed whose checkpoint this one only evaluates
     source_args: dict = field(default_factory=dict)  # its stages' own arguments (a swept source: the value's flag)
     keep_every: bool = False  # test the checkpoint of every validation (the same-step comparison: `by_step`)
+    members: tuple[str, ...] = ()  # an ensemble row's member stages (their checkpoints), combined by `combine`
+    combine: Optional[str] = None  # "weights" (WARM) or "predictions"
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -86,6 +89,9 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                                 p.student_checkpoint, ("teacher",)))
         by_name = {m.name: m for m in p.methods}
         for m in p.stage_methods():
+            if m.ensemble is not None:
+                stages.append(_ensemble_stage(p, m, by_name, seed, seed_dir, student))
+                continue
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
             model_args, source_args = m.cli_args(), {}
             if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
@@ -109,6 +115,24 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
 
 
 PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
+ENSEMBLE_CLASS = "lightning_modules.reward.ensemble.RewardEnsembleModule"
+
+
+def _ensemble_stage(p: W2SProtocol, m, by_name: dict, seed: int, seed_dir: str, student: list[str]) -> Stage:
+    """An evaluation-only stage over every stage of the named methods. Weight averaging tests the averaged checkpoint
+    under its first member's arguments (the average carries that member's hyperparameters, which the CLI's
+    `--ckpt_path` guard compares); a prediction ensemble runs the ensemble class over the members' checkpoints."""
+    members = [(source, name, extra) for source in m.ensemble["of"] for name, _, extra in by_name[source].variants()]
+    upstream = (("teacher", "ceiling") if p.ceiling else ("teacher",)) + tuple(name for _, name, _ in members)
+    if m.ensemble["by"] == "weights":
+        first, _, extra = members[0]
+        args = student + by_name[first].cli_args() + extra
+    else:
+        # the members are upstream outputs, added when they are done (`upstream_args`); [] stands for them here
+        args = student + [f"--model.class_path={ENSEMBLE_CLASS}", "--model.init_args.members=[]"]
+    return Stage(seed, m.name, f"method {m.name!r} ({m.ensemble['by']} of {', '.join(m.ensemble['of'])})",
+                 os.path.join(seed_dir, m.name), args, PRETRAINED, upstream, method=m.name,
+                 members=tuple(name for _, name, _ in members), combine=m.ensemble["by"])
 
 
 def stage_key(stage: Stage) -> str:
@@ -124,7 +148,16 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]], evaluated: Opt
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
     if evaluated:
         args += [*stage.source_args[evaluated], f"--ckpt_path={done[evaluated][stage.seed]['checkpoint']}"]
+    if stage.combine == "predictions":
+        args.append("--model.init_args.members=" + json.dumps([done[n][stage.seed]["checkpoint"]
+                                                               for n in stage.members]))
+    elif stage.combine == "weights":
+        args.append(f"--ckpt_path={averaged_checkpoint(stage)}")
     return args
+
+
+def averaged_checkpoint(stage: Stage) -> str:
+    return os.path.join(stage.dir, "averaged.ckpt")
 
 
 def evaluated_stage(stage: Stage, done: dict[str, dict[int, dict]]) -> str:

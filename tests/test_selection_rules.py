@@ -136,3 +136,40 @@ def test_a_run_records_both_rules_and_the_same_step_table(tmp_path, word_tokeniz
     assert results["weak_val_missing"] == [] and set(results["weak_val_rows"]) == set(results["rows"])
     md = open(os.path.join(out, "results.md")).read()
     assert "Selection `weak_val`" in md and "Same-step comparison" in md and f"| es | 1 | 0 | {n} |" in md
+
+
+def test_ensemble_rows_combine_every_stage_of_the_named_methods(tmp_path, word_tokenizer_dir, cache_dir):
+    """WARM and a prediction ensemble as protocol rows: no fit, one evaluation, the same row under both rules; the
+    averaged checkpoint is the hand average of the members' weights."""
+    methods = [{"name": "naive", "objective": "naive"},
+               {"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [1.0, 3.0]}},
+               {"name": "warm", "ensemble": {"of": ["anchor"], "by": "weights"}},
+               {"name": "ens", "ensemble": {"of": ["naive", "anchor"], "by": "predictions"}}]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods, paired_reference="warm")
+    results = run_protocol(["--config", _write(tmp_path, cfg)])
+    out = cfg["out_dir"]
+    warm, ens = _result(out, 0, "warm"), _result(out, 0, "ens")
+    assert warm["members"] == ["anchor@anchor_coef=1.0", "anchor@anchor_coef=3.0"]
+    assert ens["members"] == ["naive", "anchor@anchor_coef=1.0", "anchor@anchor_coef=3.0"]
+    members = [torch.load(_result(out, 0, n)["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+               for n in warm["members"]]
+    averaged = torch.load(warm["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    key = "head.score.weight"
+    assert torch.allclose(averaged[key], (members[0][key] + members[1][key]) / 2)
+    assert warm["val_weak_acc"] is not None and ens["val_acc"] is not None
+    for row in ("warm", "ens"):
+        assert results["budget"][row]["fits"] == 0 and results["budget"][row]["evaluations"] == 1
+        assert results["weak_val_rows"][row]["nts"]["per_seed"] == results["rows"][row]["nts"]["per_seed"]
+    assert results["rows"]["ens"]["nts"]["per_seed"][0] == pytest.approx(ens["test"]["transfer"]["nts"])
+
+
+@pytest.mark.parametrize("ensemble, message", [
+    ({"of": ["naive"], "by": "weights"}, "2 stages or more"),
+    ({"of": ["naive", "naive"], "by": "weights"}, "distinct"),
+    ({"of": ["later"], "by": "predictions"}, "earlier methods"),
+    ({"of": ["naive", "a"], "by": "vote"}, "ensemble takes"),
+])
+def test_bad_ensemble_rows_are_refused(tmp_path, ensemble, message):
+    with pytest.raises(ValueError, match=message):
+        _protocol(tmp_path, [{"name": "naive"}, {"name": "a", "sweep": {"--model.anchor_coef": [1.0, 2.0]}},
+                             {"name": "e", "ensemble": ensemble}, {"name": "later"}])
