@@ -22,6 +22,8 @@ def main() -> None:
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     with open(os.path.join(table_dir, f"table.rank{rank}.json"), "w") as f:
         json.dump(results["rows"], f)
+    with open(os.path.join(table_dir, f"weak_val.rank{rank}.json"), "w") as f:
+        json.dump(results["weak_val_rows"], f)
 
 
 if __name__ == "__main__":

@@ -173,3 +173,32 @@ def test_bad_ensemble_rows_are_refused(tmp_path, ensemble, message):
     with pytest.raises(ValueError, match=message):
         _protocol(tmp_path, [{"name": "naive"}, {"name": "a", "sweep": {"--model.anchor_coef": [1.0, 2.0]}},
                              {"name": "e", "ensemble": ensemble}, {"name": "later"}])
+
+
+def test_early_stopping_under_ddp_keeps_one_weak_val_checkpoint_and_every_rank_reads_both_rules(
+        tmp_path, word_tokenizer_dir, cache_dir):
+    import glob
+    import subprocess
+    import sys
+
+    from tests.test_w2s_protocol import ROOT
+
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+    methods = [{"name": "es", "objective": "naive", "checkpoint": "best",
+                "args": ["--trainer.val_check_interval=0.5", "--trainer.max_epochs=2"]}]
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, extra_args=ddp, methods=methods)
+    args = [sys.executable, os.path.join(ROOT, "tests", "ddp_protocol_script.py"), str(tmp_path),
+            "--config", _write(tmp_path, cfg)]
+    env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+    proc = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = cfg["out_dir"]
+    weak = [json.load(open(tmp_path / f"weak_val.rank{r}.json")) for r in (0, 1)]
+    assert weak[0] == weak[1] and "es" in weak[0]
+    es = _result(out, 0, "es")
+    history = es["validations"]
+    best = max(range(len(history)), key=lambda i: (history[i]["val_weak_acc"], -i))
+    assert es["weak_val"]["step"] == history[best]["step"]
+    assert weak[0]["es"]["nts"]["per_seed"]["0"] == pytest.approx(es["weak_val"]["test"]["transfer"]["nts"])
+    assert glob.glob(os.path.join(out, "seed0", "es", "rule_checkpoints", "weak_best.ckpt"))
+    assert not glob.glob(os.path.join(out, "**", "*.tmp*"), recursive=True)
