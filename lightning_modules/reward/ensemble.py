@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from lightning_modules.reward.metrics import PairwiseAccuracy, SplitMetrics
 from lightning_modules.reward.reward_model import RewardModelModule
 from lightning_modules.reward.weak_labeller import load_teacher
 
@@ -87,11 +86,7 @@ class RewardEnsembleModule(RewardModelModule):
         self.tokenizer_name = check_same_tokenizer(unique, models, tokenizer)
         self.members = nn.ModuleList(models)
         self.member_index = [unique.index(p) for p in self.member_paths]  # (K,) into `members`
-        # RewardModelModule's evaluation state
-        self.val_acc = PairwiseAccuracy()
-        self.val_weak_acc = PairwiseAccuracy()
-        self.test_metrics = SplitMetrics()
-        self.transfer = None
+        self._init_evaluation()  # RewardModelModule's evaluation state
         self.frozen_reference = None
         self.frozen_prefix = None  # the members have their own
         self.wise_ft_alpha, self.wise_ft_applied = None, False

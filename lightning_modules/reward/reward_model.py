@@ -237,11 +237,15 @@ class RewardModelModule(LightningModule):
             _freeze_key_biases(self.backbone)
         self._init_robust_finetuning(float(l2sp_coef), int(linear_probe_epochs), wise_ft_alpha)
         self.head = None if classifier else RewardHead(hidden_size(self.backbone), pooling)  # None: its own head
+        self._init_evaluation()
+        self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
+
+    def _init_evaluation(self) -> None:
+        """What validation and test read and write (an ensemble of these modules sets it up the same way)."""
         self.val_acc = PairwiseAccuracy()
         self.val_weak_acc = PairwiseAccuracy()  # agreement with the teacher on validation (the weak_val rule)
         self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
-        self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
 
     def _init_robust_finetuning(self, l2sp_coef: float, linear_probe_epochs: int, alpha: Optional[float]) -> None:
         """θ₀ and the names of the backbone parameters that fine-tuning trains, taken now: after the pretrained
