@@ -105,11 +105,10 @@ def test_a_run_records_both_rules_and_the_same_step_table(tmp_path, word_tokeniz
                {"name": "steps_naive", "objective": "naive", "test_every_validation": True, "args": every},
                {"name": "steps_anchor", "objective": "naive", "anchor_coef": 3.0, "test_every_validation": True,
                 "args": every}]
-    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods, seeds=[0, 1],
-                         paired_reference="es")
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, methods=methods, paired_reference="es")
     results = run_protocol(["--config", _write(tmp_path, cfg)])
     out = cfg["out_dir"]
-    for seed in (0, 1):
+    for seed in (0,):
         es = _result(out, seed, "es")
         history = es["validations"]
         assert len(history) >= 3 and all(h["val_weak_acc"] is not None for h in history)
@@ -175,6 +174,7 @@ def test_bad_ensemble_rows_are_refused(tmp_path, ensemble, message):
                              {"name": "e", "ensemble": ensemble}, {"name": "later"}])
 
 
+@pytest.mark.slow
 def test_early_stopping_under_ddp_keeps_one_weak_val_checkpoint_and_every_rank_reads_both_rules(
         tmp_path, word_tokenizer_dir, cache_dir):
     import glob
