@@ -12,7 +12,7 @@ from lightning_modules.export.hf_classifier import (
     PREFIX as HF_CLASSIFIER, canonical_classifier, check_classifier_source, classifier_init_args, classifier_source,
     is_hf_classifier,
 )
-from lightning_modules.reward.objectives import objective_class_path
+from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
 from protocols.teacher_search import TeacherSearch, value_label
 
 
@@ -48,6 +48,11 @@ class Method:
         fixed: a row with no stage of its own, {"method": <an earlier swept method>, "value": <one of its values>}:
             that method's stage at a value fixed in advance, in every seed, under every rule (no selection; the
             budget table counts its one fit). Nothing else may be set on such a row.
+        teacher: train on the labels of another teacher of the same seed: the name of one of the protocol's
+            `extra_teachers` ("teacher", the main one, is the default). The WRG / AOG / NTS stay against the main
+            teacher (docs/multi_teacher.md). `sweep: {teacher: [teacher, <extra teacher>, ...]}` gives one stage per
+            teacher and the row of the best single teacher, picked per seed by the selection rule.
+            A multi-teacher objective (`multi_teacher`) reads every extra teacher instead.
     """
 
     name: str
@@ -62,6 +67,7 @@ class Method:
     test_every_validation: bool = False
     ensemble: Optional[dict] = None
     fixed: Optional[dict] = None
+    teacher: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.ensemble is not None:
@@ -86,9 +92,10 @@ class Method:
             raise ValueError(f"method {self.name!r}: sweep takes one flag (one hyperparameter per row), got "
                              f"{sorted(self.sweep)}")
         for flag, values in self.sweep.items():
-            if not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", flag):
+            if flag != SWEEP_TEACHER and not re.fullmatch(r"--(model|data|trainer)\.[A-Za-z0-9_.]+", flag):
                 raise ValueError(f"method {self.name!r}: sweep key {flag!r} is not a cli.py flag like "
-                                 "'--model.anchor_coef'")
+                                 f"'--model.anchor_coef' (or {SWEEP_TEACHER!r}: the teachers whose labels it trains "
+                                 "on)")
             if not isinstance(values, list) or not values:
                 raise ValueError(f"method {self.name!r}: sweep {flag} needs a non-empty list of values")
             labels = [value_label(v) for v in values]
@@ -96,18 +103,36 @@ class Method:
                 raise ValueError(f"method {self.name!r}: sweep {flag} repeats a value: {values}")
         if self.checkpoint not in (None, "best", "last"):
             raise ValueError(f"method {self.name!r}: checkpoint must be 'best' or 'last', got {self.checkpoint!r}")
+        if self.teacher is not None and (self.from_method or self.sweep_flag == SWEEP_TEACHER):
+            raise ValueError(f"method {self.name!r}: teacher {self.teacher!r} "
+                             + ("with from_method: an evaluating method trains on no labels" if self.from_method
+                                else "and a sweep over teachers: give one of them"))
 
     @property
     def sweep_flag(self) -> Optional[str]:
         return next(iter(self.sweep), None)
 
     def variants(self) -> list[tuple[str, Any, list[str]]]:
-        """(stage name, swept value, extra arguments) per stage of the method; one (name, None, []) unswept."""
+        """(stage name, swept value, extra arguments) per stage of the method; one (name, None, []) unswept. A sweep
+        over teachers has no arguments of its own: the teacher's checkpoint is an upstream output (`label_teacher`)."""
         if not self.sweep:
             return [(self.name, None, [])]
         flag = self.sweep_flag
         short = flag.rsplit(".", 1)[-1]
-        return [(f"{self.name}@{short}={value_label(v)}", v, [f"{flag}={json.dumps(v)}"]) for v in self.sweep[flag]]
+        return [(f"{self.name}@{short}={value_label(v)}", v,
+                 [] if flag == SWEEP_TEACHER else [f"{flag}={json.dumps(v)}"]) for v in self.sweep[flag]]
+
+    def label_teacher(self, value: Any = None) -> Optional[str]:
+        """The teacher whose labels one stage of the method trains on (`value`: its swept value); None: the main."""
+        name = value if self.sweep_flag == SWEEP_TEACHER else self.teacher
+        return None if name == MAIN_TEACHER else name
+
+    @property
+    def uses_teacher_labels(self) -> bool:
+        """Its objective trains on every teacher's labels (a multi-teacher objective)."""
+        if self.ensemble is not None or self.fixed is not None:
+            return False
+        return bool(getattr(resolve_objective_class(self.objective_class_path()), "uses_teacher_labels", False))
 
     def objective_class_path(self) -> str:
         """The dotted path `--model.objective` takes, whatever form `objective` was given in."""
@@ -116,13 +141,37 @@ class Method:
         except ValueError as err:
             raise ValueError(f"method {self.name!r}: objective: {err}") from None
 
-    def cli_args(self) -> list[str]:
-        objective = {"class_path": self.objective_class_path(), "init_args": self.objective_args}
+    def cli_args(self, num_teachers: Optional[int] = None) -> list[str]:
+        """`num_teachers`: the teachers of the protocol (1 + its extra teachers), which a multi-teacher objective
+        takes as `num_teachers` unless its `objective_args` say otherwise (the protocol refuses a mismatch)."""
+        init_args = dict(self.objective_args)
+        if num_teachers is not None and self.uses_teacher_labels:
+            init_args.setdefault("num_teachers", num_teachers)
+        objective = {"class_path": self.objective_class_path(), "init_args": init_args}
         return [f"--model.objective={json.dumps(objective)}", f"--model.anchor_coef={self.anchor_coef}",
                 f"--model.anchor_layers={json.dumps(self.anchor_layers)}", *self.args]
 
 
 MODEL_OPTIONS = ("objective", "objective_args", "anchor_coef", "anchor_layers")  # what a checkpoint's hparams fix
+SWEEP_TEACHER = "teacher"  # the sweep key over teachers (`Method.teacher`'s values)
+MAIN_TEACHER = "teacher"  # the main teacher's stage: `Method.teacher`'s default
+
+
+@dataclass
+class ExtraTeacher:
+    """One more weak teacher per seed, fitted like the main one (docs/multi_teacher.md).
+
+    Args:
+        name: its stage folder (`seed<k>/<name>`) and its name in methods' `teacher` option, in a sweep over teachers
+            and in the multi-teacher weights; a plain folder name that no method, zero-shot row or other teacher
+            takes.
+        args: its own `cli.py` arguments, after the main teacher's config files and `teacher_args` (e.g.
+            `--model.vocab_limit=10000`). No teacher search: the main teacher's recipe is searched, this one is
+            fitted once.
+    """
+
+    name: str
+    args: list[str] = field(default_factory=list)
 
 
 def _default(cls, name: str) -> Any:
@@ -170,6 +219,11 @@ class W2SProtocol:
         student_checkpoint: "last" (default: selecting students on gold validation labels would leak gold
             supervision into W2S) or "best".
         drift: add the drift-diagnostics callback to student stages and report its final values.
+        extra_teachers: more weak teachers per seed, [{name, args}] (`ExtraTeacher`): each fitted on the teacher
+            half with gold labels, as the main teacher (its config files, `teacher_args`, then its own `args`; no
+            search), in a stage of its own. Methods train on one of them (`Method.teacher`, a sweep over teachers)
+            or on all of them (a multi-teacher objective, `multi_teacher`: the main teacher is column 0, then these
+            in this order). The main teacher stays the reference of every WRG / AOG / NTS (docs/multi_teacher.md).
         paired_reference: the method every other is compared with, seed by seed (NTS(reference) − NTS(X), mean and
             95% interval); a list: one paired table per reference, the first the headline (`paired` in
             results.json; all in `paired_by_reference`); null: no paired table. A name that is not a method is
@@ -200,6 +254,7 @@ class W2SProtocol:
     drift: bool = True
     paired_reference: Union[str, list[str], None] = "anchor"
     results_name: str = "results"
+    extra_teachers: list[ExtraTeacher] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
@@ -209,6 +264,8 @@ class W2SProtocol:
         if reserved:
             raise ValueError(f"--methods may not be named {sorted(reserved)} (reserved rows)")
         self._check_outside_models(names)
+        self.extra_teachers = [e if isinstance(e, ExtraTeacher) else ExtraTeacher(**e) for e in self.extra_teachers]
+        self._check_extra_teachers(names)
         bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
         if bad:  # a method's name is its stage folder, which a forced rerun deletes: never a path
             raise ValueError(f"--methods names must be plain folder names (letters, digits, _ . -), got {bad}")
@@ -289,9 +346,48 @@ class W2SProtocol:
             raise ValueError(f"--paired_reference {self.paired_reference!r}: {unknown or 'an empty list'} names no "
                              f"method; the methods are {method_names} (null: no paired table)")
 
+    def _check_extra_teachers(self, method_names: list[str]) -> None:
+        """Extra teachers' names (plain, distinct, no method's or row's), and what the methods ask of them: a
+        `teacher` or a sweep over teachers names known teachers, a multi-teacher objective has some to read."""
+        extra = [e.name for e in self.extra_teachers]
+        bad = [n for n in extra if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", n)]
+        if bad:
+            raise ValueError(f"--extra_teachers names must be plain folder names (letters, digits, _ . -), got {bad}")
+        taken = {"teacher", "ceiling", *method_names, *(zero_shot_name(m) for m in self.zero_shot)}
+        clash = sorted({n for n in extra if extra.count(n) > 1 or n in taken})
+        if clash:
+            raise ValueError(f"--extra_teachers: the names {clash} repeat or are taken (by 'teacher', 'ceiling', a "
+                             "method or a zero-shot row); give each teacher a name of its own")
+        if extra and not self.teacher_configs:
+            raise ValueError("--extra_teachers are fitted like the main teacher, from --teacher_configs, which is "
+                             "empty (an outside --teacher_pretrained): give the teachers' model config files")
+        known = [MAIN_TEACHER, *extra]
+        for m in self.methods:
+            if m.ensemble is not None or m.fixed is not None:
+                continue
+            asked = m.sweep[SWEEP_TEACHER] if m.sweep_flag == SWEEP_TEACHER else [m.teacher] if m.teacher else []
+            unknown = [t for t in asked if t not in known]
+            if unknown:
+                raise ValueError(f"method {m.name!r}: teacher(s) {unknown} are not among the teachers {known} "
+                                 "('teacher' and the names of --extra_teachers)")
+            if m.from_method is not None:
+                continue
+            if m.uses_teacher_labels:
+                if asked:
+                    raise ValueError(f"method {m.name!r}: a multi-teacher objective reads every teacher: drop its "
+                                     "teacher option / sweep over teachers")
+                if not extra:
+                    raise ValueError(f"method {m.name!r}: objective {m.objective!r} mixes several teachers' labels, "
+                                     "but --extra_teachers is empty: add the teachers it mixes")
+                given = m.objective_args.get("num_teachers", 1 + len(extra))
+                if given != 1 + len(extra):
+                    raise ValueError(f"method {m.name!r}: objective_args.num_teachers {given!r} must be 1 + the "
+                                     f"{len(extra)} --extra_teachers (or left out: it is set so)")
+
     def _check_results_name(self, method_names: list[str]) -> None:
         name = self.results_name
-        taken = {"logs", "figures", *method_names} | {f"seed{s}" for s in self.seeds}
+        taken = {"logs", "figures", *method_names, *(e.name for e in self.extra_teachers)} | {
+            f"seed{s}" for s in self.seeds}
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or name in taken or name.endswith(".stale"):
             raise ValueError(f"--results_name {name!r} must be a plain folder name (letters, digits, _ . -) that no "
                              f"stage or seed folder of the out_dir uses ({sorted(taken)})")

@@ -70,6 +70,9 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     test = main(test_args)
     result = {"test": test.model.test_results, "checkpoint": ckpt, "fit_seconds": round(fit_seconds, 1),
               "val_acc": val_acc, "identity": identity, "run": runs[-1], "args": args, **extra}
+    weights = _teacher_weights(stage, ckpt)
+    if weights:  # a multi-teacher student's learned mixture, by teacher (docs/multi_teacher.md)
+        result["teacher_weights"] = weights
     if stage.search is None and history is not None:
         result.update(_other_rules(stage, args, ckpt, result["test"], history, commands + [test_args]))
     if drift:
@@ -129,7 +132,7 @@ def _history_args(stage: Stage, folder: str) -> list[str]:
     two accuracies; the `val/weak_acc`-best checkpoint of an early-stopping stage (the `weak_val` rule's stopping
     point); every validation's checkpoint of a same-step stage. Location-like: no part of the stage's identity
     (it changes no training), so it is added here, beside the logger's folders."""
-    if stage.search is not None or stage.name == "teacher":
+    if stage.search is not None or stage.is_teacher:
         return []
     init = {"dirpath": os.path.join(folder, "rule_checkpoints"), "keep_weak_best": stage.checkpoint == "best",
             "keep_every": stage.keep_every}
@@ -160,6 +163,9 @@ def _other_rules(stage: Stage, args: list[str], ckpt: str, test: dict, history, 
         out["weak_val"] = {"step": weak["step"], "val_acc": weak["val_acc"], "val_weak_acc": weak["val_weak_acc"],
                            "checkpoint": ckpt if same else weak["checkpoint"],
                            "test": test if same else test_at(weak["checkpoint"], "test_weak_val")}
+        weights = _teacher_weights(stage, out["weak_val"]["checkpoint"])
+        if weights:
+            out["weak_val"]["teacher_weights"] = weights
     if stage.keep_every:
         out["by_step"] = {str(e["step"]): {"val_acc": e["val_acc"], "val_weak_acc": e["val_weak_acc"],
                                            "test": test if e["step"] == step else test_at(e["checkpoint"],
@@ -168,6 +174,15 @@ def _other_rules(stage: Stage, args: list[str], ckpt: str, test: dict, history, 
         for e in history.history:
             on_rank_zero(f"remove {e['checkpoint']}", _remove, e["checkpoint"])
     return out
+
+
+def _teacher_weights(stage: Stage, ckpt: str) -> Optional[dict[str, float]]:
+    """The simplex weights a multi-teacher student's checkpoint holds, by teacher name; None for any other stage."""
+    if not stage.teachers:
+        return None
+    from protocols.multi_teacher import checkpoint_teacher_weights
+
+    return checkpoint_teacher_weights(ckpt, stage.teachers)
 
 
 def _remove(path: str) -> None:

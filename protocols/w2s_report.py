@@ -95,10 +95,13 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     from protocols.model_selection import (
         available, paired, paired_markdown, select, selection_markdown, selection_record,
     )
+    from protocols.multi_teacher import multi_teacher_markdown, multi_teacher_record, without_extra_teachers
 
     first = next(iter(stages_raw["teacher"].values()))["test"]
     splits = [k for k in first if k != "transfer"]
     id_source, targets = splits[0], splits[1:]
+    teachers = multi_teacher_record(p, stages_raw, id_source, targets)  # extra teachers: no rows of the table
+    stages_raw = without_extra_teachers(p, stages_raw)
     raw, _ = select(p, stages_raw, "id_val", targets)
     table = aggregate(raw, id_source)
     selection = selection_record(p, stages_raw, targets)
@@ -125,6 +128,7 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
         interval_table(table, targets) if len(p.seeds) > 1 else "",
         *(paired_markdown(d, r) for r, d in by_reference.items()),
         budget_markdown(costs, list(table)),
+        multi_teacher_markdown(teachers),
         weak_val_markdown(weak, weak_by_reference, selection, missing, cols, len(p.seeds)),
         same_step_markdown(steps),
         teacher_structure_markdown(structures),
@@ -139,7 +143,7 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in stages_raw.items()},
-            "method_seconds": method_seconds(p, stages_raw)}
+            "method_seconds": method_seconds(p, stages_raw), **({"multi_teacher": teachers} if teachers else {})}
 
 
 def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: list[str], cols, n_seeds: int) -> str:

@@ -1,9 +1,9 @@
 """The W2S protocol's stages: what each one is (`Stage`), the plan of every stage of every seed (`plan_stages`), what
 a stage reads from its upstream stages, and its identity (`identity_of`: what a rerun compares).
 
-    teacher (gold, teacher half) -> soft labels on the student half -> ceiling (gold, student half)
-    -> every student method (a swept one: a stage per value; an evaluating one: `cli.py validate` + `test` of another
-    method's checkpoint) -> zero-shot rows of outside models
+    teacher (gold, teacher half) [-> extra teachers (gold, teacher half)] -> soft labels on the student half
+    -> ceiling (gold, student half) -> every student method (a swept one: a stage per value; an evaluating one:
+    `cli.py validate` + `test` of another method's checkpoint) -> zero-shot rows of outside models
 """
 from __future__ import annotations
 
@@ -43,12 +43,24 @@ class Stage:
     keep_every: bool = False  # test the checkpoint of every validation (the same-step comparison: `by_step`)
     members: tuple[str, ...] = ()  # an ensemble row's member stages (their checkpoints), combined by `combine`
     combine: Optional[str] = None  # "weights" (WARM) or "predictions"
+    extra_teacher: bool = False  # one of the protocol's extra teachers (fitted like the main one)
+    extra_teachers: tuple[str, ...] = ()  # extra teachers whose labels it reads (--data.extra_teacher_checkpoints)
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
     @property
     def result_path(self) -> str:
         return os.path.join(self.dir, "result.json")
+
+    @property
+    def is_teacher(self) -> bool:
+        """The main teacher or an extra one: fitted on the teacher half's gold labels, with no teacher of its own."""
+        return self.name == "teacher" or self.extra_teacher
+
+    @property
+    def teachers(self) -> tuple[str, ...]:
+        """The teachers whose labels its training batches carry, in column order (the main teacher first)."""
+        return ("teacher", *self.extra_teachers) if self.extra_teachers else ()
 
     def location_args(self, version: str, folder: Optional[str] = None) -> list[str]:
         """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints (in
@@ -78,6 +90,9 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             teacher += p.teacher_args
             stages.append(Stage(seed, "teacher", "weak teacher", os.path.join(seed_dir, "teacher"), teacher,
                                 p.teacher_checkpoint, search=p.teacher_search))
+        for extra in p.extra_teachers:  # the main teacher's settings and its own arguments; no search
+            stages.append(Stage(seed, extra.name, f"extra teacher {extra.name!r}", os.path.join(seed_dir, extra.name),
+                                teacher + extra.args, p.teacher_checkpoint, extra_teacher=True))
         student = (configs(p.trainer_configs + p.data_configs + p.student_configs) + common
                    + ["--data.train_subset=student"]
                    + (["--trainer.callbacks+=callbacks.drift.DriftDiagnosticsCallback"] if p.drift else [])
@@ -88,23 +103,27 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             stages.append(Stage(seed, "ceiling", "ceiling", os.path.join(seed_dir, "ceiling"), student + gold,
                                 p.student_checkpoint, ("teacher",)))
         by_name = {m.name: m for m in p.methods}
+        n_teachers = 1 + len(p.extra_teachers)
         for m in p.stage_methods():
             if m.ensemble is not None:
                 stages.append(_ensemble_stage(p, m, by_name, seed, seed_dir, student))
                 continue
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
-            model_args, source_args = m.cli_args(), {}
+            model_args, source_args = m.cli_args(n_teachers), {}
             if m.from_method:  # every stage of the source: a swept one's pick is known only when all have run
                 source = by_name[m.from_method]
                 source_args = {name: extra for name, _, extra in source.variants()}
                 upstream += tuple(source_args)
-                model_args = source.cli_args() + m.args  # what its checkpoints were fitted with (the CLI's guard)
+                model_args = source.cli_args(n_teachers) + m.args  # what its checkpoints were fitted with
             for name, value, extra in m.variants():
                 role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
-                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name), student + model_args + extra,
+                extras, labels = label_arguments(p, m, value)
+                stages.append(Stage(seed, name, role, os.path.join(seed_dir, name),
+                                    student + model_args + extra + labels,
                                     PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
-                                    upstream, method=m.name, value=value, evaluates=m.from_method,
-                                    source_args=source_args, keep_every=m.test_every_validation))
+                                    upstream + extras, method=m.name, value=value, evaluates=m.from_method,
+                                    source_args=source_args, keep_every=m.test_every_validation,
+                                    extra_teachers=extras))
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -112,6 +131,22 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
             stages.append(Stage(seed, name, f"zero-shot {spec!r}", os.path.join(seed_dir, name), args, PRETRAINED,
                                 ("teacher",), pretrained=spec))
     return stages
+
+
+def label_arguments(p: W2SProtocol, m, value) -> tuple[tuple[str, ...], list[str]]:
+    """The extra teachers a method's stage reads (their checkpoints: upstream outputs, `upstream_args`) and its own
+    label arguments. A multi-teacher objective reads them all; a student of one extra teacher reads them all too, and
+    trains on that one's column (`--data.label_teacher k`: the multi-teacher student's data, at the vertex k of the
+    simplex; every teacher's stage then has a configuration of its own); a student of the main teacher reads none."""
+    extras = tuple(e.name for e in p.extra_teachers)
+    if m.from_method is not None:
+        return (), []
+    if m.uses_teacher_labels:
+        return extras, []
+    teacher = m.label_teacher(value)
+    if teacher is None:
+        return (), []
+    return extras, [f"--data.label_teacher={1 + extras.index(teacher)}"]
 
 
 PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
@@ -126,7 +161,7 @@ def _ensemble_stage(p: W2SProtocol, m, by_name: dict, seed: int, seed_dir: str, 
     upstream = (("teacher", "ceiling") if p.ceiling else ("teacher",)) + tuple(name for _, name, _ in members)
     if m.ensemble["by"] == "weights":
         first, _, extra = members[0]
-        args = student + by_name[first].cli_args() + extra
+        args = student + by_name[first].cli_args(1 + len(p.extra_teachers)) + extra
     else:
         # the members are upstream outputs, added when they are done (`upstream_args`); [] stands for them here
         args = student + [f"--model.class_path={ENSEMBLE_CLASS}", "--model.init_args.members=[]"]
@@ -144,6 +179,9 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]], evaluated: Opt
     args = []
     if "teacher" in stage.upstream:
         args.append(f"--data.teacher_checkpoint={done['teacher'][stage.seed]['checkpoint']}")
+    if stage.extra_teachers:  # their labels beside the main teacher's, which stays the reference of the scores
+        args.append("--data.extra_teacher_checkpoints=" + json.dumps([done[n][stage.seed]["checkpoint"]
+                                                                      for n in stage.extra_teachers]))
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
     if evaluated:

@@ -120,7 +120,7 @@ def test_objective_registry_name_with_init_args_prints_a_reproducible_config(giv
     objective = yaml.safe_load(printed)["model"]["init_args"]["objective"]
     assert objective == {"class_path": "lightning_modules.reward.objectives.ConfidenceW2S",
                          "init_args": {"aux_coef": 0.3, "warmup_fraction": 0.1, "ramp": "linear",
-                                       "hardening": "top"}}
+                                       "hardening": "top", "label_temperature": 1.0, "label_smoothing": 0.0}}
     (tmp_path / "printed.yaml").write_text(printed)
     assert _print_config(["--config", str(tmp_path / "printed.yaml")], capsys) == printed
 

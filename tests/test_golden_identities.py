@@ -44,6 +44,7 @@ ADDED_SINCE_PIN = {
     "model.init_args.bsr_coef", "model.init_args.grm_coef", "model.init_args.grm_form", "model.init_args.grm_beta",
     "model.init_args.grm_logp_reduction", "model.init_args.objective.init_args.label_temperature",
     "model.init_args.objective.init_args.label_smoothing",
+    "data.init_args.extra_teacher_checkpoints", "data.init_args.label_teacher",  # multi-teacher W2S
 }
 
 

@@ -97,7 +97,8 @@ def test_protocol_stages_in_the_hparams_tab(tmp_path, word_tokenizer_dir, cache_
     assert sorted(sessions) == ["results/hparams/seed0/anchor", "results/hparams/seed0/ceiling",
                                 "results/hparams/seed0/teacher"]  # the stages' own Lightning runs hold none
     hp = {run.split("/")[-1]: h for run, (h, _) in sessions.items()}
-    assert hp["anchor"] == {"method": "anchor", "objective": "SoftBradleyTerry", "objective_args": "{}",
+    assert hp["anchor"] == {"method": "anchor", "objective": "SoftBradleyTerry",
+                            "objective_args": '{"label_smoothing": 0.0, "label_temperature": 1.0}',
                             "anchor_coef": 1.0, "anchor_layers": "1", "seed": 0.0}
     assert (hp["ceiling"]["anchor_coef"], hp["ceiling"]["anchor_layers"]) == (0.0, "none")
     assert hp["ceiling"]["objective"] == hp["teacher"]["objective"] == "GoldBradleyTerry"

@@ -2,7 +2,8 @@
 
 Padding is to the longest sequence of the batch, on the tokenizer's padding side. `response_mask` marks the
 response tokens (for ANCHOR); `labels` is q = P(a ≻ b) (1.0 for gold pairs); `index` the pair's position in
-its split (for exact DDP metrics).
+its split (for exact DDP metrics); `teacher_labels` (B, K+1), with extra teachers only, every teacher's q of the
+pair (column 0 the main teacher's).
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class PairCollator:
             "labels": torch.tensor([float(e.get("label", 1.0)) for e in examples], dtype=torch.float32),
             "index": torch.tensor([int(e["index"]) for e in examples], dtype=torch.long),
         }
+        if "teacher_labels" in examples[0]:  # several teachers' q of the same (a, b): main teacher first
+            batch["teacher_labels"] = torch.tensor([e["teacher_labels"] for e in examples],
+                                                   dtype=torch.float32)  # (B, K+1)
         if "teacher_margin" in examples[0]:  # the teacher's margin on the same test pair (W2S evaluation)
             batch["teacher_margin"] = torch.tensor([float(e["teacher_margin"]) for e in examples])
         return batch

@@ -75,9 +75,13 @@ class PairDataset(Dataset):
 
     COLUMNS = ("id", "a_input_ids", "a_response_start", "b_input_ids", "b_response_start", "index", "length")
 
-    def __init__(self, hf_dataset, labels: Optional[dict] = None, teacher_margins: Optional[dict] = None):
+    def __init__(self, hf_dataset, labels: Optional[dict] = None, teacher_margins: Optional[dict] = None,
+                 teacher_labels: Optional[list[dict]] = None):
         self.cols = {k: fast_column(hf_dataset, k) for k in self.COLUMNS}
         self.labels, self.teacher_margins = labels, teacher_margins
+        # several teachers' labels of the same (a, b) (the order coin is the teacher's no more than the pair's):
+        # the main teacher's first, then --data.extra_teacher_checkpoints' in order (multi-teacher objectives)
+        self.teacher_labels = teacher_labels
 
     def __len__(self) -> int:
         return len(self.cols["index"])
@@ -87,6 +91,8 @@ class PairDataset(Dataset):
         ex["label"] = 1.0
         if self.teacher_margins is not None:
             ex["teacher_margin"] = self.teacher_margins[ex["id"]]
+        if self.teacher_labels is not None:
+            ex["teacher_labels"] = [float(labels[ex["id"]][0]) for labels in self.teacher_labels]
         if self.labels is not None:
             q, swap = self.labels[ex["id"]]
             ex["label"] = float(q)
@@ -122,6 +128,16 @@ class PreferenceDataModule(pl.LightningDataModule):
             student are scored on the same pairs.
         weak_labels: path of a weak-label file (`datamodules.preference.weak_labels.write_weak_labels`'s format),
             instead of computing it.
+        extra_teacher_checkpoints: more teachers (checkpoints or "hf_classifier:..." models, as
+            `teacher_checkpoint`) whose labels of the student half are computed and cached exactly like the main
+            teacher's, on the same (a, b) order. The training batches then carry `teacher_labels` (B, K+1): column 0
+            the main teacher's q (the batch's `labels`), then these in order -- what a multi-teacher objective
+            (`--model.objective multi_teacher`, docs/multi_teacher.md) trains on. The main teacher stays the
+            reference of the transfer scores (WRG / AOG / NTS) and of `val/weak_acc`.
+        label_teacher: whose labels are the batch's `labels` (what a single-teacher objective trains on): 0 = the
+            main teacher (`--data.teacher_checkpoint` / `--data.weak_labels`), k = the k-th of
+            `extra_teacher_checkpoints`. A student of another teacher whose test margins, and so its WRG / AOG /
+            NTS, are still the main teacher's.
         label_seed: seed of the per-pair order coin of the weak labels (default: `seed`).
         teacher_source_options: overrides of the source's options for the teacher half only -- the knob for a
             teacher that knows part of the true rule (e.g. {"artifact_rate": 0.6}: the artifact is a weaker cue
@@ -156,6 +172,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         max_pairs: dict[str, int] = {},
         teacher_checkpoint: Optional[str] = None,
         weak_labels: Optional[str] = None,
+        extra_teacher_checkpoints: list[str] = [],
+        label_teacher: int = 0,
         label_seed: Optional[int] = None,
         label_temperature: float = 1.0,
         train_labels: str = "weak",
@@ -186,10 +204,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         if teacher_checkpoint and weak_labels:
             raise ValueError("give either --data.teacher_checkpoint or --data.weak_labels, not both")
         if teacher_checkpoint:
-            if is_hf_classifier(teacher_checkpoint):  # an outside reward model (docs/export.md)
-                check_classifier_source(teacher_checkpoint, "--data.teacher_checkpoint")
-            else:
-                check_checkpoint_file(teacher_checkpoint, "--data.teacher_checkpoint")
+            check_teacher(teacher_checkpoint, "--data.teacher_checkpoint")
+        _check_extra_teachers(list(extra_teacher_checkpoints), label_teacher, teacher_checkpoint, weak_labels,
+                              train_labels)
         self.source, self.ood_targets = source, list(ood_targets)
         self.tokenizer_name = tokenizer
         self.cache_dir, self.cache_dir_origin = resolve_cache_dir(cache_dir)  # the origin is named by write errors
@@ -326,6 +343,8 @@ class PreferenceDataModule(pl.LightningDataModule):
             self._tokenized(kind, records[kind], key)
         if self.hparams.teacher_checkpoint:
             self._weak_labels_file(records, compute=True)
+        for i, extra in enumerate(self.hparams.extra_teacher_checkpoints):
+            self._weak_labels_file(records, compute=True, teacher=extra, flag=extra_flag(i))
         self._remember(records, report)
 
     def _records(self) -> tuple[dict[str, list[dict]], dict]:
@@ -368,23 +387,28 @@ class PreferenceDataModule(pl.LightningDataModule):
                     {k: len(v) for k, v in records.items()}, {**report, "split_ids": split_ids},
                     chosen_by=self.cache_dir_origin)
 
-    def _weak_labels_file(self, records: dict, compute: bool) -> str:
+    def _weak_labels_file(self, records: dict, compute: bool, teacher: Optional[str] = None,
+                          flag: str = "--data.teacher_checkpoint") -> str:
+        """The label file of `teacher` (default: the main one), computed by the `weak_labeller` when `compute` and
+        not cached. Every teacher's file is keyed and made alike (`weak_label_path`), so a teacher labels a student
+        half once, whether it is the main teacher of one student or an extra teacher of another."""
         hp = self.hparams
+        teacher = teacher or hp.teacher_checkpoint
         tests = {n: records[f"test/{n}"] for n in self.test_split_names}
         seed = hp.seed if hp.label_seed is None else hp.label_seed
-        path = weak_label_path(self.cache_dir, hp.teacher_checkpoint, records["train_student"], tests, seed,
+        path = weak_label_path(self.cache_dir, teacher, records["train_student"], tests, seed,
                                hp.max_length, hp.truncation, records["validation"])
         if compute and not os.path.isfile(path):
             if self.weak_labeller is None:
                 raise RuntimeError(
-                    f"--data.teacher_checkpoint {hp.teacher_checkpoint}: its weak labels are not cached ({path}) and "
+                    f"{flag} {teacher}: its weak labels are not cached ({path}) and "
                     "this data module has no weak_labeller to compute them (the data layer loads no model). "
                     "`python cli.py fit` attaches one; a data module built in code needs "
                     "`lightning_modules.reward.weak_labeller.attach_weak_labeller(dm)` before `prepare_data`, or "
                     "a label file given as --data.weak_labels instead")
             rank_zero_info(f"[data] labelling {len(records['train_student'])} student-half pairs with the teacher "
-                           f"{hp.teacher_checkpoint}")
-            self.weak_labeller(hp.teacher_checkpoint, records["train_student"], tests, seed, hp.max_length,
+                           f"{teacher}")
+            self.weak_labeller(teacher, records["train_student"], tests, seed, hp.max_length,
                                hp.truncation, path, batch_size=hp.eval_batch_size,
                                validation_records=records["validation"])
         return path
@@ -406,7 +430,11 @@ class PreferenceDataModule(pl.LightningDataModule):
         key = self._tokenizer_key()
         status: dict[str, dict] = {}
         weak = self._load_weak_labels(records)
+        extras = self._load_extra_labels(records, weak) if weak else []
         labels = weak["labels"] if weak and self.hparams.train_labels == "weak" else None
+        if labels is not None and self.hparams.label_teacher > 0:  # another teacher's labels, the main one's margins
+            labels = extras[self.hparams.label_teacher - 1]["labels"]
+        teacher_labels = [weak["labels"], *(e["labels"] for e in extras)] if labels is not None and extras else None
         margins = dict(weak.get("teacher_margins", {})) if weak else {}
         if weak and "validation_margins" in weak:  # the weak_val rule's reference (the teacher's, never gold)
             margins[VALIDATION] = weak["validation_margins"]
@@ -419,11 +447,14 @@ class PreferenceDataModule(pl.LightningDataModule):
                 raise DataError(f"split {kind!r} is empty after --data.truncation {self.hparams.truncation}")
             use_labels = labels if kind.startswith("train_") else None
             if use_labels is not None:
-                missing = [i for i in ds["id"] if i not in use_labels]
+                missing = [i for i in ds["id"] if i not in weak["labels"]]
                 if missing:
                     raise DataError(f"--data.weak_labels {self.hparams.weak_labels} has no label for {len(missing)} "
                                     f"training pairs (e.g. {missing[0]!r}): made for another split or seed?")
-            self.datasets[kind] = PairDataset(ds, use_labels, margins.get(_margin_key(kind)))
+                for extra in extras:
+                    _refuse_missing_labels(ds["id"], extra)
+            self.datasets[kind] = PairDataset(ds, use_labels, margins.get(_margin_key(kind)),
+                                              teacher_labels if kind.startswith("train_") else None)
             status[kind]["cached"] = cached
         self.manifest = {
             "source": self.source, "ood_targets": self.ood_targets, "seed": self.hparams.seed,
@@ -431,6 +462,11 @@ class PreferenceDataModule(pl.LightningDataModule):
         }
         if weak:
             self.manifest["teacher_labels"] = self._teacher_label_diagnostics(records["train_student"], weak)
+        if extras:  # the main teacher's diagnostics stay `teacher_labels`: it is the reference teacher
+            self.manifest["label_teacher"] = self.hparams.label_teacher
+            self.manifest["extra_teacher_labels"] = [
+                {"teacher": e["teacher"], **self._teacher_label_diagnostics(records["train_student"], e)}
+                for e in extras]
         self._split_ids = {k: [r["id"] for r in records[k]] for k in ("train_teacher", "train_student")}
         self._write_manifest()
         self._remember(records, report)
@@ -495,6 +531,30 @@ class PreferenceDataModule(pl.LightningDataModule):
         payload["raw_labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
         payload["labels"] = {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}
         return payload
+
+    def _load_extra_labels(self, records: dict, weak: dict) -> list[dict]:
+        """Each extra teacher's label file (`--data.extra_teacher_checkpoints`), read and tempered as the main
+        teacher's; refused, naming the flag and the file, when its pairs are not the main file's in the same order."""
+        hp = self.hparams
+        out = []
+        for i, teacher in enumerate(hp.extra_teacher_checkpoints):
+            flag = extra_flag(i)
+            path = self._weak_labels_file(records, compute=False, teacher=teacher, flag=flag)
+            if not os.path.isfile(path):  # setup without prepare_data
+                path = self._weak_labels_file(records, compute=True, teacher=teacher, flag=flag)
+            payload = read_weak_labels(path, f"{flag} {teacher} (its cached labels)")
+            swapped = [k for k, v in payload["labels"].items() if k in weak["labels"]
+                       and bool(v[1]) != weak["labels"][k][1]]
+            if swapped:
+                raise DataError(f"{flag} {teacher}: its label file {path} orders {len(swapped)} pairs otherwise than "
+                                f"the main teacher's (e.g. {swapped[0]!r}): made with another --data.seed / "
+                                "--data.label_seed? Every teacher must label the same (a, b)")
+            T = float(hp.label_temperature)
+            out.append({"teacher": teacher, "flag": flag, "path": path,
+                        "raw_labels": {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()},
+                        "labels": {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}})
+        self.extra_weak_labels_paths = [e["path"] for e in out]
+        return out
 
     # ---- loaders ------------------------------------------------------------------------------------------
     def _collator(self) -> PairCollator:
@@ -660,6 +720,49 @@ def _check_source_options(source: str, ood_targets: list[str], local_dirs: dict,
                              f"{err}") from None
         except (ValueError, DataError) as err:
             raise ValueError(f"{flag} for source {name!r}: {err}") from None
+
+
+def extra_flag(i: int) -> str:
+    return f"--data.extra_teacher_checkpoints[{i}]"
+
+
+def check_teacher(path: str, flag: str) -> None:
+    """A teacher given by `flag`: an intact checkpoint file, or an outside classifier that can be found."""
+    if is_hf_classifier(path):  # an outside reward model (docs/export.md)
+        check_classifier_source(path, flag)
+    else:
+        check_checkpoint_file(path, flag)
+
+
+def _check_extra_teachers(extras: list[str], label_teacher: int, teacher_checkpoint: Optional[str],
+                          weak_labels: Optional[str], train_labels: str) -> None:
+    if isinstance(label_teacher, bool) or not isinstance(label_teacher, int) or not 0 <= label_teacher <= len(extras):
+        raise ValueError(f"--data.label_teacher must be an integer in [0, {len(extras)}] (0 = the main teacher, k = "
+                         f"the k-th of --data.extra_teacher_checkpoints, which has {len(extras)}), got "
+                         f"{label_teacher!r}")
+    if not extras:
+        return
+    if not (teacher_checkpoint or weak_labels):
+        raise ValueError("--data.extra_teacher_checkpoints needs a main teacher (--data.teacher_checkpoint or "
+                         "--data.weak_labels): its labels are column 0 and its margins the reference of the "
+                         "transfer scores")
+    if train_labels != "weak":
+        raise ValueError(f"--data.extra_teacher_checkpoints label the student half for training, but "
+                         f"--data.train_labels is {train_labels!r}: drop them, or train on weak labels")
+    for i, path in enumerate(extras):
+        check_teacher(path, extra_flag(i))
+    named = [teacher_checkpoint, *extras] if teacher_checkpoint else extras
+    repeated = sorted({p for p in named if named.count(p) > 1})
+    if repeated:
+        raise ValueError(f"--data.extra_teacher_checkpoints names the teacher(s) {repeated} twice (the main "
+                         "--data.teacher_checkpoint counts): each teacher once")
+
+
+def _refuse_missing_labels(ids: list[str], extra: dict) -> None:
+    missing = [i for i in ids if i not in extra["labels"]]
+    if missing:
+        raise DataError(f"{extra['flag']} {extra['teacher']}: its label file {extra['path']} has no label for "
+                        f"{len(missing)} training pairs (e.g. {missing[0]!r}): made for another split or seed?")
 
 
 def check_checkpoint_file(path: str, flag: str) -> None:

@@ -1,6 +1,7 @@
 """Preference objectives: a small open registry chosen by config (`--model.objective naive`, or a class path).
 
-Each objective maps the pair margins Δ (B,) and the label q = P(a ≻ b) (B,) to a scalar loss. ANCHOR is not an
+Each objective maps the pair margins Δ (B,) and the label q = P(a ≻ b) (B,) to a scalar loss; one with
+`uses_teacher_labels` takes every teacher's labels (B, K+1) instead (`MultiTeacherSoftBT`). ANCHOR is not an
 objective of its own: it adds λ·L_anchor to any of these (see `RewardModelModule.anchor_coef`).
 SEAM is named by the paper but its definition is not available to us; it is deliberately absent -- register it
 here (`@register_objective`) once its definition is known.
@@ -8,9 +9,10 @@ here (`@register_objective`) once its definition is known.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
+from torch import nn
 
 from lightning_modules.reward.losses import (
     bradley_terry_loss, confidence_w2s_loss, soft_bradley_terry_loss, soften_labels,
@@ -67,6 +69,7 @@ class PreferenceObjective:
 
     registry_name = "base"
     uses_soft_labels = True
+    uses_teacher_labels = False  # True: called with the batch's `teacher_labels` (B, K+1) instead of `labels` (B,)
 
     def __call__(self, margin: torch.Tensor, q: torch.Tensor, progress: float) -> torch.Tensor:
         raise NotImplementedError
@@ -161,3 +164,68 @@ class ConfidenceW2S(PreferenceObjective):
     def __call__(self, margin, q, progress):
         q = soften_labels(q, self.label_temperature, self.label_smoothing)
         return confidence_w2s_loss(margin, q, self.coef(progress), self.hardening)
+
+
+@register_objective("multi_teacher")
+class MultiTeacherSoftBT(nn.Module, PreferenceObjective):
+    """Soft Bradley–Terry on a learned mixture of K+1 teachers' labels (after RAVEN, NeurIPS 2025;
+    docs/multi_teacher.md).
+
+    L = BCE-with-logits(Δ_i, q̄_i), q̄_i = Σ_k w_k q_ik, w = softmax(logits) on the simplex, minimised jointly over the
+    student θ and the logits (they are parameters of this module, so of the reward model: in its optimizer and its
+    checkpoints). Column 0 of q is the main teacher (`--data.teacher_checkpoint`), then
+    `--data.extra_teacher_checkpoints` in order. The logits start at 0: the uniform mixture.
+
+    What the joint minimisation does: BCE(Δ, q̄) = softplus(Δ) − q̄·Δ is *linear* in q̄, so ∂L/∂logit_k =
+    −w_k · mean_i[Δ_i (q_ik − q̄_i)]: weight moves towards the teachers whose labels lie on the side of the student's
+    current margins -- the teachers the student can fit (or already agrees with). That is RAVEN's mechanism (a
+    teacher that contradicts what the student learns loses weight), and its risk: nothing in the objective says which
+    teacher is right, the minimum over the simplex is a vertex, and a student that picked up a shortcut moves the
+    weight to the teacher that shares it (confirmation). How far the weights go is set by `weights_lr` and the run's
+    length, not by a convergence.
+
+    No per-sample weights: with the loss linear in q̄, a per-pair choice of teacher minimises to q̄_i = the label
+    closest to the student's own prediction on every pair, i.e. the student trains on its own opinion wherever any
+    teacher shares it -- no weak supervision left.
+
+    Args:
+        num_teachers: K + 1, the width of the batches' `teacher_labels` (1 + the number of
+            `--data.extra_teacher_checkpoints`); at least 2.
+        weights_lr: learning rate of the logits (their own optimizer group, without weight decay, which would pull
+            them back to uniform); null: the model's. Adam moves a parameter by about lr per step whatever its
+            gradient's scale, so at the student's 2e-4 the logits move by < 0.05 in a few hundred steps and the
+            mixture stays uniform; 0.02 lets two logits part by up to ~4 in 100 steps (a weight ratio of up to e^4).
+    """
+
+    uses_teacher_labels = True
+
+    def __init__(self, num_teachers: int = 2, weights_lr: Optional[float] = 0.02):
+        nn.Module.__init__(self)
+        if isinstance(num_teachers, bool) or not isinstance(num_teachers, int) or num_teachers < 2:
+            raise ValueError(f"--model.objective.init_args.num_teachers must be an integer >= 2 (the main teacher "
+                             f"and at least one of --data.extra_teacher_checkpoints), got {num_teachers!r}")
+        if weights_lr is not None and not (isinstance(weights_lr, (int, float)) and math.isfinite(weights_lr)
+                                           and weights_lr > 0):
+            raise ValueError(f"--model.objective.init_args.weights_lr must be > 0 (or null: the model's), got "
+                             f"{weights_lr!r}")
+        self.num_teachers = num_teachers
+        self.weights_lr = None if weights_lr is None else float(weights_lr)
+        self.logits = nn.Parameter(torch.zeros(num_teachers))  # (K+1,): uniform at the start
+
+    def weights(self) -> torch.Tensor:
+        """w = softmax(logits), (K+1,), on the simplex."""
+        return torch.softmax(self.logits.float(), dim=0)
+
+    def mixture(self, teacher_labels: torch.Tensor) -> torch.Tensor:
+        """q̄ = Σ_k w_k q_k, (B,), from every teacher's labels (B, K+1)."""
+        if teacher_labels.dim() != 2 or teacher_labels.shape[1] != self.num_teachers:
+            raise ValueError(f"--model.objective.init_args.num_teachers is {self.num_teachers}, but the batch holds "
+                             f"{tuple(teacher_labels.shape)} teacher labels: it must be 1 + the number of "
+                             "--data.extra_teacher_checkpoints")
+        return teacher_labels.float() @ self.weights()  # (B,)
+
+    def forward(self, margin: torch.Tensor, teacher_labels: torch.Tensor, progress: float) -> torch.Tensor:
+        return soft_bradley_terry_loss(margin, self.mixture(teacher_labels))
+
+    def extra_repr(self) -> str:
+        return f"num_teachers={self.num_teachers}, weights_lr={self.weights_lr}"

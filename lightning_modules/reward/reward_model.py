@@ -171,7 +171,8 @@ class RewardModelModule(LightningModule):
 
         self.tokenizer_name = tokenizer or (classifier_source(backbone) if classifier else backbone)
         tok = load_tokenizer(self.tokenizer_name)
-        self.objective = objective or GoldBradleyTerry()
+        self.objective = objective or GoldBradleyTerry()  # an nn.Module objective (multi-teacher) is a submodule
+        self.register_load_state_dict_pre_hook(_drop_foreign_objective_state)
         self.anchor_coef = float(anchor_coef)
         self.center_rewards_coef = float(center_rewards_coef)
         self.bsr_coef = float(bsr_coef)
@@ -316,9 +317,9 @@ class RewardModelModule(LightningModule):
                                    output_hidden_states=anchored or self.grm_coef > 0)
         r_a, r_b = rewards.chunk(2)
         margin = r_a - r_b  # (B,)
-        pref_loss = self.objective(margin, batch["labels"], self._progress())
+        pref_loss, target, logs = self._preference_loss(margin, batch)
         loss = pref_loss
-        logs = {"train/pref_loss": pref_loss, "train/margin": margin.detach().mean()}
+        logs.update({"train/pref_loss": pref_loss, "train/margin": margin.detach().mean()})
         if self.grm_coef > 0:
             reg = self.grm_loss(batch, hidden[-1], prefix)
             loss = (1.0 - self.grm_coef) * pref_loss + self.grm_coef * reg
@@ -343,9 +344,25 @@ class RewardModelModule(LightningModule):
             logs["train/l2sp"] = distance.detach()
             logs["train/l2sp_term"] = self.l2sp_coef * distance.detach()
         logs["train/loss"] = loss
-        logs["train/agree"] = ((margin.detach() > 0).float() == (batch["labels"] > 0.5).float()).float().mean()
+        logs["train/agree"] = ((margin.detach() > 0).float() == (target > 0.5).float()).float().mean()
         self.log_dict(logs, prog_bar=False, batch_size=margin.shape[0])
         return loss
+
+    def _preference_loss(self, margin: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The objective's loss, the labels the student is pulled towards (`train/agree` compares with them) and
+        what else to log. A multi-teacher objective (`uses_teacher_labels`) reads every teacher's labels (B, K+1)
+        and is pulled towards their learned mixture q̄; its weights are logged as `train/teacher_weight/<k>` (0 = the
+        main teacher, k = the k-th of --data.extra_teacher_checkpoints)."""
+        if not getattr(self.objective, "uses_teacher_labels", False):
+            return self.objective(margin, batch["labels"], self._progress()), batch["labels"], {}
+        if "teacher_labels" not in batch:
+            raise ValueError(f"--model.objective {type(self.objective).__name__} trains on several teachers' labels, "
+                             "but the training batches carry one teacher's: give --data.extra_teacher_checkpoints "
+                             "(with --data.teacher_checkpoint, the main teacher, as column 0)")
+        labels = batch["teacher_labels"]  # (B, K+1)
+        loss = self.objective(margin, labels, self._progress())
+        logs = {f"train/teacher_weight/{k}": w for k, w in enumerate(self.objective.weights().detach())}
+        return loss, self.objective.mixture(labels).detach(), logs
 
     def _forward_from_prefix(self, batch: dict) -> tuple:
         """Rewards (N,), hidden states (None below k) and the prefix (family, k, h_k) the reference reuses. The last
@@ -494,7 +511,7 @@ class RewardModelModule(LightningModule):
         # None): a fit built mid-probe still trains them later, and a resumed optimizer state fits its groups
         later = {f"backbone.{n}" for n in self.finetuned_names} if self.linear_probe_epochs > 0 else set()
         params = [p for n, p in self.named_parameters() if p.requires_grad or n in later]
-        optimizer = self.optimizer_factory(params)
+        optimizer = self.optimizer_factory(_objective_param_groups(self.objective, params))
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
@@ -543,6 +560,29 @@ def _embedding_modules(backbone: nn.Module) -> list[nn.Module]:
         return [backbone.embeddings]
     extra = [getattr(backbone, "wpe", None)]  # GPT-2's learned positions; rotary backbones have no table
     return [backbone.get_input_embeddings(), *[m for m in extra if isinstance(m, nn.Module)]]
+
+
+def _objective_param_groups(objective: Any, params: list) -> list:
+    """`params` as they were, or, when the objective has trainable parameters of its own (the multi-teacher
+    mixture's logits), two groups: the model's, and the objective's with its own learning rate (`weights_lr`; none:
+    the model's) and no weight decay (it would pull the mixture back to uniform)."""
+    own = [p for p in objective.parameters() if p.requires_grad] if isinstance(objective, nn.Module) else []
+    if not own:
+        return params
+    ids = {id(p) for p in own}
+    lr = getattr(objective, "weights_lr", None)
+    return [{"params": [p for p in params if id(p) not in ids]},
+            {"params": own, "weight_decay": 0.0, **({"lr": lr} if lr is not None else {})}]
+
+
+def _drop_foreign_objective_state(module: "RewardModelModule", state_dict: dict, prefix: str, *args: Any) -> None:
+    """A multi-teacher student's checkpoint holds its objective's logits (`objective.logits`): training state, no part
+    of the reward. A module built with another objective -- `load_from_checkpoint` (objectives are not saved
+    hyperparameters), an ensemble member, a teacher -- has no place for them: they are dropped, not refused."""
+    head = prefix + "objective."
+    own = set(module.objective.state_dict()) if isinstance(module.objective, nn.Module) else set()
+    for key in [k for k in state_dict if k.startswith(head) and k[len(head):] not in own]:
+        del state_dict[key]
 
 
 def _invalidate_frozen_prefix(module: "RewardModelModule", incompatible_keys: Any) -> None:
