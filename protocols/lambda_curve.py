@@ -25,7 +25,9 @@ def curve_methods(protocol: dict) -> list[tuple[float, str]]:
     """(λ, method name) of the methods that differ from naive only by λ, sorted by λ."""
     out = []
     for m in protocol["methods"]:
-        plain = m.get("objective") in ("SoftBradleyTerry", "naive") and not m.get("objective_args")
+        plain = m.get("objective") in ("SoftBradleyTerry", "naive") and not m.get("objective_args") and not any(
+            m.get(k) for k in ("sweep", "from_method", "checkpoint", "test_every_validation", "ensemble", "fixed",
+                               "teacher"))  # rows that differ from naive by more than λ
         extra = [a for a in m.get("args", []) if not a.startswith("--reference.")]  # reference caching: speed only
         if plain and not extra and m.get("anchor_layers", [1.0]) == [1.0]:
             out.append((float(m.get("anchor_coef", 0.0)), m["name"]))

@@ -453,7 +453,12 @@ def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp
     ablation = {"methods": [
         {"name": "naive_hard", "objective": "SoftBradleyTerry", "anchor_coef": 0.0,
          "args": ["--data.label_temperature=0"]},
-        {"name": "lam1", "objective": "SoftBradleyTerry", "anchor_coef": 1.0}]}
+        {"name": "lam1", "objective": "SoftBradleyTerry", "anchor_coef": 1.0},
+        # rows that differ from naive by more than λ (issue 36's kinds): no points of the curve
+        {"name": "best_single", "objective": "SoftBradleyTerry", "anchor_coef": 0.0, "sweep": {"teacher": ["a", "b"]}},
+        {"name": "warm", "objective": "SoftBradleyTerry", "anchor_coef": 0.0, "ensemble": {"of": ["lam1"]}},
+        {"name": "steps", "objective": "SoftBradleyTerry", "anchor_coef": 0.0, "test_every_validation": True},
+        {"name": "es", "objective": "SoftBradleyTerry", "anchor_coef": 0.0, "checkpoint": "best"}]}
     runs = {"main": (main, {"naive": (80.0, 82.0, 90.0), "conf": (1.0, 1.0, 1.0), "anchor": (83.0, 85.0, 99.0)}),
             "abl": (ablation, {"naive_hard": (81.0, 83.0), "lam1": (84.0, 86.0)})}
     for name, (protocol, accs) in runs.items():
