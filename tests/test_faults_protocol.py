@@ -88,6 +88,7 @@ def _rows(out) -> tuple[list, list]:
     return rows, [line.split("|")[1].strip() for line in table.splitlines()[2:]]
 
 
+@pytest.mark.slow  # about 60 s on busy cores: make test-slow (the fast suite's budget)
 def test_a_run_killed_while_publishing_leaves_the_old_set_and_the_rerun_equals_a_clean_run(
         tmp_path, word_tokenizer_dir, cache_dir):
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir)

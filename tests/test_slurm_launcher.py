@@ -411,6 +411,7 @@ def mixture_runs(cluster, tmp_path_factory):
     return str(tmp / "local"), str(tmp / "slurm"), collected
 
 
+@pytest.mark.slow  # the mixture's SLURM run (about 50 s): make test-slow; the W2S one stays fast
 def test_two_policy_mixture_under_slurm_writes_the_local_tables(mixture_runs):
     from protocols import mixture
 
@@ -429,6 +430,7 @@ def test_two_policy_mixture_under_slurm_writes_the_local_tables(mixture_runs):
     assert _mixture_tables(out) == expected
 
 
+@pytest.mark.slow  # the mixture's SLURM run (about 50 s): make test-slow; the W2S one stays fast
 def test_the_collected_mixture_report_names_the_submitting_command_and_the_run_time(mixture_runs, monkeypatch):
     """Issue 34 (6): the report the collecting job writes shows the submitting command (not `--collect`) and the
     time from submission to the table (not its own 0.0 min), and every report sums its stages' run times."""
