@@ -26,7 +26,7 @@ def stage_candidates(result: dict) -> Optional[int]:
 def budget(p, raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
     """Per row (method, or fixed row): fits, evaluations and candidates per seed (the mean over seeds; they are equal
     unless a run's validations differ), from the stage results."""
-    from protocols.model_selection import method_stages
+    from protocols.model_selection import fixed_stage, method_stages
 
     groups = method_stages(p)
     by_name = {m.name: m for m in p.methods}
@@ -47,15 +47,12 @@ def budget(p, raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
                                     "candidates": candidates}))
         out[method] = {"per_seed": dict(per_seed), **_means(dict(per_seed))}
     for m in p.methods:
-        fixed = getattr(m, "fixed", None)
-        if fixed is None or fixed["method"] not in groups:
+        stage = fixed_stage(m, groups)
+        if stage is None:
             continue
-        from protocols.teacher_search import value_label
-
-        stage = next(n for n, v in groups[fixed["method"]] if value_label(v) == value_label(fixed["value"]))
         per_seed = {seed: {"fits": 1, "evaluations": 0, "candidates": stage_candidates(r)}
                     for seed, r in sorted(raw.get(stage, {}).items())}
-        out[m.name] = {"per_seed": per_seed, **_means(per_seed), "fixed": dict(fixed)}
+        out[m.name] = {"per_seed": per_seed, **_means(per_seed), "fixed": dict(m.fixed)}
     return out
 
 

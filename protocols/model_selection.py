@@ -27,14 +27,9 @@ from protocols.stats import ci95
 RULES = ("id_val", "weak_val", "oracle_target")
 
 
-def stage_methods(p) -> list:
-    """The methods with stages of their own (a `fixed` row has none)."""
-    return [m for m in p.methods if getattr(m, "fixed", None) is None]
-
-
 def method_stages(p) -> dict[str, list[tuple[str, Any]]]:
     """Each method's stages and swept values, in sweep order: {method: [(stage name, value), ...]}."""
-    return {m.name: [(name, value) for name, value, _ in m.variants()] for m in stage_methods(p)}
+    return {m.name: [(name, value) for name, value, _ in m.variants()] for m in p.stage_methods()}
 
 
 def read_under(raw: dict[str, dict[int, dict]], rule: str) -> dict[str, dict[int, dict]]:
@@ -73,8 +68,7 @@ def rule_score(stage: dict, rule: str, targets: list[str], where: str) -> float:
         return float(stage["val_acc"])
     if rule == "weak_val":
         if stage.get("val_weak_acc") is None:
-            raise ValueError(f"{where}: its result.json has no val_weak_acc (finished before the weak_val rule existed, "
-                             "or its validation split has no teacher labels): rerun it with --force")
+            raise no_weak_val(where)
         return float(stage["val_weak_acc"])
     if rule == "oracle_target":
         if not targets:
@@ -94,10 +88,8 @@ def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
     seed, under the method's name; and the picked value per swept method and seed."""
     missing = available(raw, p, rule)
     if missing:
-        raise ValueError(f"{p.out_dir}/{missing[0]}" + (f" (and {len(missing) - 1} more stage(s))" if len(missing) > 1
-                                                        else "") + ": its result.json has no val_weak_acc (finished "
-                         "before the weak_val rule existed, or its validation split has no teacher labels): rerun it "
-                         "with --force")
+        raise no_weak_val(f"{p.out_dir}/{missing[0]}" + (f" (and {len(missing) - 1} more stage(s))"
+                                                          if len(missing) > 1 else ""))
     raw = read_under(raw, rule)
     groups = method_stages(p)
     swept = {m: stages for m, stages in groups.items() if m not in raw}  # a swept method's stages carry "@"
@@ -120,33 +112,43 @@ def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
                 ordered[method][seed] = raw[stages[best][0]][seed]
                 picked[method][seed] = stages[best][1]
     for m in p.methods:  # the rows at a value fixed in advance: no selection
-        if getattr(m, "fixed", None) is None or m.fixed["method"] not in swept:
-            continue
-        from protocols.teacher_search import value_label
-
-        stage = next(n for n, v in swept[m.fixed["method"]] if value_label(v) == value_label(m.fixed["value"]))
+        stage = fixed_stage(m, groups)
         if stage in raw:
             ordered[m.name] = raw[stage]
     return ordered, picked
 
 
+def fixed_stage(m, groups: dict[str, list[tuple[str, Any]]]) -> Optional[str]:
+    """The stage a `fixed` row reads (its method's stage at the fixed value); None for any other row."""
+    from protocols.teacher_search import value_label
+
+    if m.fixed is None or m.fixed["method"] not in groups:
+        return None
+    return next(n for n, v in groups[m.fixed["method"]] if value_label(v) == value_label(m.fixed["value"]))
+
+
+def no_weak_val(where: str) -> ValueError:
+    return ValueError(f"{where}: its result.json has no val_weak_acc (finished before the weak_val rule existed, or "
+                      "its validation split has no teacher labels): rerun it with --force")
+
+
 def nested_on_id_val(p) -> set[str]:
     """Methods that evaluate a swept method's checkpoints: their source is its `id_val` pick (`evaluated_stage`),
     so under another rule they would read gold through it; they have no row there."""
-    swept = {m.name for m in stage_methods(p) if m.sweep}
-    return {m.name for m in stage_methods(p) if m.from_method in swept}
+    swept = {m.name for m in p.stage_methods() if m.sweep}
+    return {m.name for m in p.stage_methods() if m.from_method in swept}
 
 
 def selection_record(p, raw: dict[str, dict[int, dict]], targets: list[str]) -> dict[str, dict]:
     """Per swept method: the flag, the values, each rule's pick per seed, and every value's scores per seed."""
-    record = {}
-    for m in stage_methods(p):
+    record, weak = {}, read_under(raw, "weak_val")
+    for m in p.stage_methods():
         if not m.sweep:
             continue
         stages = [(name, value) for name, value, _ in m.variants()]
         seeds = sorted(raw[stages[0][0]])
         scores = {seed: [{"value": value, "val_acc": raw[name][seed].get("val_acc"),
-                          "val_weak_acc": read_under(raw, "weak_val")[name][seed].get("val_weak_acc"),
+                          "val_weak_acc": weak[name][seed].get("val_weak_acc"),
                           "target_acc": rule_score(raw[name][seed], "oracle_target", targets, name) if targets
                           else None} for name, value in stages] for seed in seeds}
         record[m.name] = {"flag": m.sweep_flag, "values": m.sweep[m.sweep_flag], "scores": scores}

@@ -75,16 +75,14 @@ class Method:
                     or not isinstance(self.ensemble["of"], list) or not self.ensemble["of"]:
                 raise ValueError(f"method {self.name!r}: ensemble takes {{of: [earlier fitted methods], by: weights | "
                                  f"predictions}}, got {self.ensemble}")
-            own = [f.name for f in fields(self) if f.name not in ("name", "ensemble") and getattr(self, f.name) !=
-                   _default(Method, f.name)]
+            own = self._set_besides("ensemble")
             if own:
                 raise ValueError(f"method {self.name!r} combines other methods' students: drop its {own}")
         if self.fixed is not None:
             if set(self.fixed) != {"method", "value"}:
                 raise ValueError(f"method {self.name!r}: fixed takes {{method: <a swept method>, value: <one of its "
                                  f"values>}}, got {self.fixed}")
-            own = [f.name for f in fields(self) if f.name not in ("name", "fixed") and getattr(self, f.name) !=
-                   _default(Method, f.name)]
+            own = self._set_besides("fixed")
             if own:
                 raise ValueError(f"method {self.name!r} reads {self.fixed['method']!r}'s stage at a fixed value: it "
                                  f"has no stage of its own, so drop its {own}")
@@ -107,6 +105,12 @@ class Method:
             raise ValueError(f"method {self.name!r}: teacher {self.teacher!r} "
                              + ("with from_method: an evaluating method trains on no labels" if self.from_method
                                 else "and a sweep over teachers: give one of them"))
+
+    def _set_besides(self, option: str) -> list[str]:
+        """The options other than `name` and `option` that differ from their defaults (a row that only combines or
+        reads other methods' stages takes none)."""
+        return [f.name for f in fields(self) if f.name not in ("name", option)
+                and getattr(self, f.name) != _default(Method, f.name)]
 
     @property
     def sweep_flag(self) -> Optional[str]:

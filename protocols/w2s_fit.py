@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Optional
 
 from callbacks.validation_history import find_validation_history
-from datamodules.atomic_files import atomic_write, atomic_write_json
+from datamodules.atomic_files import atomic_write, atomic_write_json, remove_path
 from protocols.rank_errors import on_rank_zero
 from protocols.run_files import is_global_zero
 from protocols.w2s_stages import Stage
@@ -172,7 +172,7 @@ def _other_rules(stage: Stage, args: list[str], ckpt: str, test: dict, history, 
                                                                                           f"test_step{e['step']}")}
                           for e in history.history}
         for e in history.history:
-            on_rank_zero(f"remove {e['checkpoint']}", _remove, e["checkpoint"])
+            on_rank_zero(f"remove {e['checkpoint']}", remove_path, e["checkpoint"])
     return out
 
 
@@ -183,11 +183,6 @@ def _teacher_weights(stage: Stage, ckpt: str) -> Optional[dict[str, float]]:
     from protocols.multi_teacher import checkpoint_teacher_weights
 
     return checkpoint_teacher_weights(ckpt, stage.teachers)
-
-
-def _remove(path: str) -> None:
-    if os.path.exists(path):
-        os.remove(path)
 
 
 def selected_val_acc(trainer, stage: Stage) -> Optional[float]:
