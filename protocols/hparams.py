@@ -81,7 +81,7 @@ def write_hparams(out_dir: str, stages: list, done: dict[str, dict[int, dict]], 
         write_session(os.path.join(tmp, f"seed{stage.seed}", stage.name),
                       stage_hparams(stage.name, stage.seed, stage.config or {}, stage.pretrained),
                       stage_metrics(done[stage.name][stage.seed], id_source,
-                                    getattr(stage, "is_teacher", stage.name == "teacher")))  # extra teachers too
+                                    stage.is_teacher))  # extra teachers too
     old = f"{root}.old{os.getpid()}"
     if os.path.isdir(root):
         os.replace(root, old)

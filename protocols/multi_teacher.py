@@ -30,7 +30,7 @@ def checkpoint_teacher_weights(path: str, teachers: tuple[str, ...]) -> Optional
 
 
 def extra_teacher_names(p) -> list[str]:
-    return [e.name if hasattr(e, "name") else e["name"] for e in getattr(p, "extra_teachers", None) or []]
+    return [e.name for e in p.extra_teachers]
 
 
 def without_extra_teachers(p, raw: dict[str, dict[int, dict]]) -> dict[str, dict[int, dict]]:

@@ -342,9 +342,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         for kind in self._needed_kinds():
             self._tokenized(kind, records[kind], key)
         if self.hparams.teacher_checkpoint:
-            self._weak_labels_file(records, compute=True)
+            self._weak_labels_file(records)
         for i, extra in enumerate(self.hparams.extra_teacher_checkpoints):
-            self._weak_labels_file(records, compute=True, teacher=extra, flag=extra_flag(i))
+            self._weak_labels_file(records, teacher=extra, flag=extra_flag(i))
         self._remember(records, report)
 
     def _records(self) -> tuple[dict[str, list[dict]], dict]:
@@ -387,10 +387,10 @@ class PreferenceDataModule(pl.LightningDataModule):
                     {k: len(v) for k, v in records.items()}, {**report, "split_ids": split_ids},
                     chosen_by=self.cache_dir_origin)
 
-    def _weak_labels_file(self, records: dict, compute: bool, teacher: Optional[str] = None,
+    def _weak_labels_file(self, records: dict, teacher: Optional[str] = None,
                           flag: str = "--data.teacher_checkpoint") -> str:
-        """The label file of `teacher` (default: the main one), computed by the `weak_labeller` when `compute` and
-        not cached. Every teacher's file is keyed and made alike (`weak_label_path`), so a teacher labels a student
+        """The label file of `teacher` (default: the main one), computed by the `weak_labeller` when it is not
+        cached. Every teacher's file is keyed and made alike (`weak_label_path`), so a teacher labels a student
         half once, whether it is the main teacher of one student or an extra teacher of another."""
         hp = self.hparams
         teacher = teacher or hp.teacher_checkpoint
@@ -398,7 +398,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         seed = hp.seed if hp.label_seed is None else hp.label_seed
         path = weak_label_path(self.cache_dir, teacher, records["train_student"], tests, seed,
                                hp.max_length, hp.truncation, records["validation"])
-        if compute and not os.path.isfile(path):
+        if not os.path.isfile(path):
             if self.weak_labeller is None:
                 raise RuntimeError(
                     f"{flag} {teacher}: its weak labels are not cached ({path}) and "
@@ -513,10 +513,8 @@ class PreferenceDataModule(pl.LightningDataModule):
 
     def _load_weak_labels(self, records: dict) -> Optional[dict]:
         hp = self.hparams
-        if hp.teacher_checkpoint:
-            path = self._weak_labels_file(records, compute=False)
-            if not os.path.isfile(path):  # setup without prepare_data (e.g. a bare Trainer call order)
-                path = self._weak_labels_file(records, compute=True)
+        if hp.teacher_checkpoint:  # computed here when setup runs without prepare_data (a bare Trainer call order)
+            path = self._weak_labels_file(records)
         elif hp.weak_labels:
             path = hp.weak_labels
             if not os.path.isfile(path):
@@ -525,9 +523,14 @@ class PreferenceDataModule(pl.LightningDataModule):
             return None
         # refused when the labels carry no information (non-finite, or all equal), naming the teacher
         flag = "--data.teacher_checkpoint (its cached labels)" if hp.teacher_checkpoint else "--data.weak_labels"
-        payload = read_weak_labels(path, flag)
+        payload = self._tempered(read_weak_labels(path, flag))
         self.weak_labels_path = path
-        T = float(hp.label_temperature)
+        return payload
+
+    def _tempered(self, payload: dict) -> dict:
+        """A label file's labels under `--data.label_temperature` (`labels`), beside the teacher's own
+        (`raw_labels`, what the label diagnostics read)."""
+        T = float(self.hparams.label_temperature)
         payload["raw_labels"] = {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()}
         payload["labels"] = {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}
         return payload
@@ -539,20 +542,16 @@ class PreferenceDataModule(pl.LightningDataModule):
         out = []
         for i, teacher in enumerate(hp.extra_teacher_checkpoints):
             flag = extra_flag(i)
-            path = self._weak_labels_file(records, compute=False, teacher=teacher, flag=flag)
-            if not os.path.isfile(path):  # setup without prepare_data
-                path = self._weak_labels_file(records, compute=True, teacher=teacher, flag=flag)
-            payload = read_weak_labels(path, f"{flag} {teacher} (its cached labels)")
+            path = self._weak_labels_file(records, teacher=teacher, flag=flag)  # cached by prepare_data: only named
+            payload = self._tempered(read_weak_labels(path, f"{flag} {teacher} (its cached labels)"))
             swapped = [k for k, v in payload["labels"].items() if k in weak["labels"]
                        and bool(v[1]) != weak["labels"][k][1]]
             if swapped:
                 raise DataError(f"{flag} {teacher}: its label file {path} orders {len(swapped)} pairs otherwise than "
                                 f"the main teacher's (e.g. {swapped[0]!r}): made with another --data.seed / "
                                 "--data.label_seed? Every teacher must label the same (a, b)")
-            T = float(hp.label_temperature)
-            out.append({"teacher": teacher, "flag": flag, "path": path,
-                        "raw_labels": {k: (float(v[0]), bool(v[1])) for k, v in payload["labels"].items()},
-                        "labels": {k: (tempered(float(v[0]), T), bool(v[1])) for k, v in payload["labels"].items()}})
+            out.append({"teacher": teacher, "flag": flag, "path": path, "raw_labels": payload["raw_labels"],
+                        "labels": payload["labels"]})
         self.extra_weak_labels_paths = [e["path"] for e in out]
         return out
 
