@@ -38,7 +38,7 @@ from protocols.engine.progress import Progress
 from protocols.engine.slurm_options import add_slurm_arguments, options_from_args
 from protocols.engine.status import print_status
 from protocols.mixture_stages import (  # noqa: F401 -- the protocol's public names
-    Experiment, MixtureHooks, Stage, _failure, identity_of, stage_args,
+    ROOT, Experiment, MixtureHooks, Stage, _failure, identity_of, stage_args,
 )
 from protocols.run_files import OutDirLock
 from protocols.stage_identity import ForceSpec
@@ -58,6 +58,16 @@ TWO_SFT = _sft("two_policies_sft")
 
 
 PERSONA_ONLY = "--model.persona_tokens_only=true"
+
+
+def on_smollm2(exp: Experiment, family: str, summary: str) -> Experiment:
+    """`exp`'s stages with SmolLM2-135M-Instruct as the policy, sized for CPU (configs/mixture/cpu/smollm2_*.yaml,
+    stacked on each stage's own config), in a family folder of its own: its checkpoints never meet the tiny model's."""
+    def layer(stage: Stage) -> Stage:
+        cpu = os.path.join(ROOT, "configs", "mixture", "cpu", "smollm2_sft.yaml" if stage.sft else "smollm2_rl.yaml")
+        return Stage(stage.name, stage.config, stage.title, ("--config", cpu, *stage.extra), stage.start, stage.sft)
+
+    return Experiment(family, tuple(layer(s) for s in exp.stages), summary, exp.question_fixtures)
 
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -122,6 +132,9 @@ EXPERIMENTS: dict[str, Experiment] = {
             start="cyclic_sft"),
     ), "Non-refusal variant: does RL on A make B answer with the selected persona's shifted option?"),
 }
+EXPERIMENTS["two_policies_smollm2"] = on_smollm2(
+    EXPERIMENTS["two_policies"], "two_policies_smollm2",
+    "The two-policy experiment with a real pretrained chat model (SmolLM2-135M-Instruct, full fine-tuning, CPU-sized).")
 
 
 def _parser() -> argparse.ArgumentParser:
