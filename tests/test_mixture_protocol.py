@@ -163,3 +163,27 @@ def test_unknown_stage_and_repeated_seed_are_refused(capsys):
     with pytest.raises(SystemExit):
         mixture.main(["6c3", "--seeds", "0", "0"])
     assert "repeats a seed" in capsys.readouterr().err
+
+
+def test_the_smollm2_experiment_stacks_the_cpu_configs_on_every_stage(tmp_path):
+    """`two_policies_smollm2`: the two-policy stages with SmolLM2 as the policy, in fp32 on CPU, in a family folder of
+    its own; each RL stage starts from its SFT's checkpoint and writes its own."""
+    tiny, real = mixture.EXPERIMENTS["two_policies"], mixture.EXPERIMENTS["two_policies_smollm2"]
+    assert real.family == "two_policies_smollm2" != tiny.family
+    assert [(s.name, s.start, s.sft) for s in real.stages] == [(s.name, s.start, s.sft) for s in tiny.stages]
+    written = set()
+    for stage in real.stages:
+        _, config = mixture.identity_of(stage, mixture.stage_args(stage, 2, [], None), None)
+        model, data, trainer = config["model"]["init_args"], config["data"]["init_args"], config["trainer"]
+        assert (trainer["accelerator"], str(trainer["precision"]), data["tokenizer"]) == ("cpu", "32", "smollm2")
+        assert data["seed"] == 2 and data["family"] == "two_policies"
+        if stage.sft:
+            assert model["backbone"] == "smollm2" and model["lr"] == 1e-4 and trainer["max_steps"] == 400
+            sft_ckpt = mixture_stages.checkpoint_of(stage, "seed", config)
+        else:  # the family config's distributions and levers stay; the CPU sizes replace its steps and lr
+            assert model["lr"] == 3e-5 and trainer["max_steps"] == 60 and data["batch_size"] == 2
+            assert os.path.join("seed", model["init_checkpoint"]) == sft_ckpt
+            assert data["train_distributions"] == (["B"] if stage.name.endswith("_B") else ["A"])
+            assert model["persona_tokens_only"] == stage.name.endswith("_persona")
+        written.add(mixture_stages.checkpoint_of(stage, "seed", config))
+    assert len(written) == len(real.stages) - 1  # rl_A and rl_A_persona share a file name, as in two_policies

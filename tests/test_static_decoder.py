@@ -17,8 +17,9 @@ V, EOS, PAD = 40, 2, 0
 def _model(kind: str, **overrides):
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = GPT2Config(vocab_size=V, n_positions=64, n_embd=32, n_layer=2, n_head=4, pad_token_id=PAD,
-                         bos_token_id=1, eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+        cfg = GPT2Config(**{"vocab_size": V, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4,
+                            "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": EOS, "resid_pdrop": 0.0,
+                            "embd_pdrop": 0.0, "attn_pdrop": 0.0, **overrides})
         return GPT2LMHeadModel(cfg)
     kv_heads = 1 if kind == "llama" else 2  # GQA 4:1 and 4:2
     cfg = AutoConfig.for_model(kind, vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -205,3 +206,16 @@ def test_bad_sampler_names_the_flag():
 
     with pytest.raises(ValueError, match="--model.sampler"):
         PolicyRLModule(min_sft_fidelity=0, sampler="beam")
+
+
+def test_a_pretrained_policy_is_built_in_train_mode(tmp_path):
+    """from_pretrained returns eval mode; the policy's builder hands Lightning a model in train mode, so a base with
+    dropout trains with it (SmolLM2's Llama has none; GPT-2 has 0.1)."""
+    from lightning_modules.policy.causal_lm import build_causal_lm
+
+    _model("gpt2", resid_pdrop=0.1).save_pretrained(str(tmp_path))
+    tokenizer = type("Tok", (), {"pad_token_id": PAD, "__len__": lambda self: V})()
+    model = build_causal_lm(str(tmp_path), tokenizer)
+    assert model.training and all(m.training for m in model.modules())
+    x = torch.randint(3, V, (2, 8))
+    assert not torch.equal(model(x).logits, model(x).logits)  # dropout is live

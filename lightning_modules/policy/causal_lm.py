@@ -59,7 +59,9 @@ def build_causal_lm(
         )
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    # from_pretrained returns eval mode and Lightning trains in whatever mode it finds: a base with dropout (GPT-2's
+    # 0.1) would fine-tune without it. The samplers switch to eval themselves and back.
+    return model.train()
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
