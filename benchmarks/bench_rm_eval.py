@@ -1,10 +1,14 @@
 """Reward-model evaluation throughput: ours (`Trainer.test` of RewardModelModule) vs TRL's `RewardTrainer.evaluate`.
 
     .venv/bin/python benchmarks/bench_rm_eval.py --repeats 3
+    .venv/bin/python benchmarks/bench_rm_eval.py --base smollm2 --variants ours trl --repeats 2 --test-pairs 128
 
 Same model weights for all (TRL's model is a copy of ours), the same test pairs, 64 pairs per batch, fp32,
 2 threads. One process; after one untimed warm-up call each, the variants' full evaluation calls are interleaved
 (`repeats` rounds). Accuracies are reported too: with identical weights they must agree.
+`--base smollm2` (or a model directory): ours is that base + our last-token head, TRL's model is
+AutoModelForSequenceClassification loaded from the same directory (fp32) with a copy of our head; the pairs are
+written in words its tokenizer keeps whole and rendered with its chat template (bench_rm_train.py).
 
 Variants (levers, before/after):
     trl      TRL: pairs in dataset order, right-padded to the batch's longest sequence, one forward
@@ -40,33 +44,29 @@ def main() -> None:
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     p.add_argument("--peak-gflops", type=float, default=None)
+    C.add_base_argument(p)
     args = p.parse_args()
     C.offline_env()
+    base_path = C.resolve_base(args.base)
     import datasets
     import lightning.pytorch as pl
     import torch
-    from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
     peak = {"peak_gflops": args.peak_gflops} if args.peak_gflops else C.matmul_peak()
-    paths = C.write_workload(args.work_dir, 64, args.test_pairs)
+    paths = C.write_workload(args.work_dir, 64, args.test_pairs, base_path=base_path)
     dm = C.preference_datamodule(paths, 16, args.eval_batch_size)
     dm.prepare_data()
     dm.setup("test")
     torch.manual_seed(0)
-    ours = C.reward_module(paths["tokenizer"]).eval()
+    ours = C.reward_module(paths["tokenizer"], base_path=base_path).eval()
     params = C.matmul_params(ours.backbone)
     test = dm.datasets[f"test/{SPLIT}"]
     rows = sorted((test[i] for i in range(len(test))), key=lambda r: r["index"])  # the source's order
     real_tokens = sum(len(r["a_input_ids"]) + len(r["b_input_ids"]) for r in rows)
 
-    cfg = ours.backbone.config
-    cfg.num_labels = 1
-    trl_model = AutoModelForSequenceClassification.from_config(cfg)
-    trl_model.model.load_state_dict(ours.backbone.state_dict())
-    with torch.no_grad():
-        trl_model.score.weight.copy_(ours.head.score.weight)
+    trl_model = C.sequence_classifier(ours, base_path)
     eval_ds = datasets.Dataset.from_dict({"chosen_ids": [r["a_input_ids"] for r in rows],
                                           "rejected_ids": [r["b_input_ids"] for r in rows]})
     trl_positions: list[int] = []
@@ -117,7 +117,8 @@ def main() -> None:
     keys = ("pairs_per_s", "padding_fraction", "useful_mfu_fwd", "acc", "seconds")
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     out = {"bench": "rm_eval", "machine": C.machine_info(), "matmul": peak,
-           "config": {"model": C.MODEL_OVERRIDES, "vocab": C.VOCAB_SIZE, "test_pairs": len(rows),
+           "config": {**C.reward_base_config(args.base, paths), "test_pairs": len(rows),
+                      "mean_sequence_tokens": round(real_tokens / (2 * len(rows)), 1),
                       "eval_batch_pairs": args.eval_batch_size, "repeats": args.repeats, "threads": C.THREADS,
                       "dtype": "fp32"},
            "results": table}

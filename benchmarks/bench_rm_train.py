@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_rm_train.py --repeats 3
     .venv/bin/python benchmarks/bench_rm_train.py --variants padded grouped ours random_buckets bf16 --repeats 1
+    .venv/bin/python benchmarks/bench_rm_train.py --base smollm2 --variants ours trl --repeats 2 --train-pairs 160
 
 Same workload for every variant: the Qwen2-style backbone of `common.MODEL_OVERRIDES` over a 2,048-token
 word-level tokenizer, the same pairs (23-243 tokens), the same initial weights (TRL's model gets a copy of ours),
@@ -9,6 +10,10 @@ word-level tokenizer, the same pairs (23-243 tokens), the same initial weights (
 clipping, TRL's gradient checkpointing and bf16 off. Each run is a fresh process (peak RSS per run); variants
 are interleaved; round r uses seed r for data order and initial weights (the same for every variant).
 Held-out accuracy is measured after the run on the same test pairs with one scoring loop for all.
+`--base smollm2` (or a model directory): both sides full-fine-tune that pretrained base in fp32 (ours: base
+transformer + our last-token head; TRL: AutoModelForSequenceClassification on the same directory, its score head
+a copy of ours), the pairs written in words its tokenizer keeps whole and rendered with its chat template; lr 1e-5
+unless `--lr` says otherwise.
 
 Variants (ours = the tuned configuration; the others are the levers, before/after):
     trl             TRL RewardTrainer (random batches, right-padded to the batch's longest sequence)
@@ -24,6 +29,7 @@ Prints one JSON line; a markdown table to stderr.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -61,11 +67,15 @@ def test_accuracy(score_pairs, dataset, pad_id: int, batch_size: int = 64) -> fl
     return correct / total
 
 
+# --lr default per base: the random model learns from scratch at 1e-3; a pretrained base is fine-tuned
+RANDOM_LR, PRETRAINED_LR = 1e-3, 1e-5
+
+
 def initial_module(paths: dict, seed: int, lr: float, **kwargs):
     import torch
 
     torch.manual_seed(seed)
-    return C.reward_module(paths["tokenizer"], lr=lr, **kwargs)
+    return C.reward_module(paths["tokenizer"], lr=lr, base_path=paths["base_path"], **kwargs)
 
 
 def worker_ours(args, paths: dict) -> dict:
@@ -94,30 +104,29 @@ def worker_ours(args, paths: dict) -> dict:
         callbacks=[Timing()], default_root_dir=tempfile.mkdtemp(prefix="bench_rm_"),
     )
     torch.manual_seed(args.seed)
+    trainable = C.trainable_params(model)
     trainer.fit(model, datamodule=dm)
     model.eval()
     acc = test_accuracy(lambda ids, am: model.pair_margins({"input_ids": ids, "attention_mask": am}),
                         dm.datasets[TEST_SPLIT], dm.tokenizer.pad_token_id)
-    return result(timer, params, acc, args)
+    return result(timer, params, acc, args, trainable)
 
 
 def worker_trl(args, paths: dict) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForSequenceClassification, TrainerCallback
+    from transformers import TrainerCallback
     from trl import RewardConfig, RewardTrainer
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
     dm = C.preference_datamodule(paths, args.batch_size, 64, seed=args.seed)
     dm.setup("fit")
     ours = initial_module(paths, args.seed, args.lr)
-    cfg = ours.backbone.config
-    cfg.num_labels = 1
-    model = AutoModelForSequenceClassification.from_config(cfg)
-    model.model.load_state_dict(ours.backbone.state_dict())  # same initial weights as ours
-    with torch.no_grad():
-        model.score.weight.copy_(ours.head.score.weight)
+    model = C.sequence_classifier(ours, paths["base_path"])  # same initial weights as ours
+    del ours  # a pretrained base's copy would otherwise stay in memory (peak RSS) through TRL's run
+    gc.collect()
     params = C.matmul_params(model.model)
+    trainable = C.trainable_params(model)
     train = dm._train_set()
     rows = [train[i] for i in range(len(train))]
     train_ds = datasets.Dataset.from_dict({"chosen_ids": [r["a_input_ids"] for r in rows],
@@ -156,10 +165,10 @@ def worker_trl(args, paths: dict) -> dict:
         return a - b
 
     acc = test_accuracy(margins, dm.datasets[TEST_SPLIT], pad_id)
-    return result(timer, params, acc, args)
+    return result(timer, params, acc, args, trainable)
 
 
-def result(timer: "C.StepTimer", params: int, acc: float, args) -> dict:
+def result(timer: "C.StepTimer", params: int, acc: float, args, trainable: int) -> dict:
     seconds, items = timer.window()
     pairs = sum(i["pairs"] for i in items)
     real = sum(i["real"] for i in items)
@@ -168,7 +177,7 @@ def result(timer: "C.StepTimer", params: int, acc: float, args) -> dict:
     return {
         "variant": args.variant, "seed": args.seed, "steps_timed": len(items), "seconds": round(seconds, 3),
         "pairs_per_s": round(pairs / seconds, 3), "tokens_per_s": round(real / seconds, 1),
-        "padding_fraction": round(pad["padding_fraction"], 4), "matmul_params": params,
+        "padding_fraction": round(pad["padding_fraction"], 4), "matmul_params": params, "trainable_params": trainable,
         "useful_mfu": round(C.mfu(params, real, seconds, peak), 4),
         "padded_mfu": round(C.mfu(params, pad["processed_positions"], seconds, peak), 4),
         "step_s_median": round(sorted(timer.step_times())[len(timer.step_times()) // 2], 4),
@@ -183,16 +192,20 @@ def main() -> None:
     p.add_argument("--train-pairs", type=int, default=640)
     p.add_argument("--test-pairs", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None, help="default 1e-3 (random base), 1e-5 (pretrained base)")
     p.add_argument("--warmup", type=int, default=2, help="steps excluded from the timing")
     p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "shiftgen_bench"))
     p.add_argument("--peak-gflops", type=float, default=None, help="skip the matmul measurement")
+    C.add_base_argument(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     C.offline_env()
-    paths = C.write_workload(args.work_dir, args.train_pairs, args.test_pairs)
+    base_path = C.resolve_base(args.base)
+    if args.lr is None:
+        args.lr = RANDOM_LR if base_path is None else PRETRAINED_LR
+    paths = C.write_workload(args.work_dir, args.train_pairs, args.test_pairs, base_path=base_path)
     if args.worker:
         out = worker_trl(args, paths) if args.variant == "trl" else worker_ours(args, paths)
         print(json.dumps(out))
@@ -202,16 +215,19 @@ def main() -> None:
     C.preference_datamodule(paths, args.batch_size, 64).prepare_data()  # tokenize once, before the timed runs
     common = ["--worker", "--train-pairs", str(args.train_pairs), "--test-pairs", str(args.test_pairs),
               "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--warmup", str(args.warmup),
-              "--work-dir", args.work_dir, "--peak-gflops", str(peak["peak_gflops"])]
+              "--work-dir", args.work_dir, "--peak-gflops", str(peak["peak_gflops"]), "--base", args.base]
     runs = C.interleave(args.variants, args.repeats,
-                        lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)]), C.eprint)
+                        lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)],
+                                                  timeout=900 if base_path is None else C.PRETRAINED_WORKER_TIMEOUT),
+                        C.eprint)
     keys = ("pairs_per_s", "tokens_per_s", "padding_fraction", "useful_mfu", "padded_mfu", "step_s_median",
             "test_acc", "peak_rss_mb")
     table = {v: {k: C.summary([r[k] for r in rs], 4) for k in keys} for v, rs in runs.items()}
     out = {"bench": "rm_train", "machine": C.machine_info(), "matmul": peak, "config": {
-        "model": C.MODEL_OVERRIDES, "vocab": C.VOCAB_SIZE, "batch_pairs": args.batch_size, "lr": args.lr,
-        "train_pairs": args.train_pairs, "test_pairs": args.test_pairs, "repeats": args.repeats,
-        "threads": C.THREADS, "dtype": "fp32"}, "results": table, "runs": runs}
+        **C.reward_base_config(args.base, paths), "batch_pairs": args.batch_size, "lr": args.lr,
+        "train_pairs": args.train_pairs, "test_pairs": args.test_pairs, "repeats": args.repeats, "threads": C.THREADS,
+        "dtype": "fp32"},
+        "results": table, "runs": runs}
     if "trl" in runs:
         out["ratios_vs_trl"] = {
             v: {"pairs_per_s": round(table[v]["pairs_per_s"]["median"] / table["trl"]["pairs_per_s"]["median"], 3),

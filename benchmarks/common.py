@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: offline setup, the workload (tokenizer, model config, preference pairs),
-the machine's fp32 matmul peak, MFU arithmetic, run statistics and the worker-subprocess protocol.
+"""Shared pieces of the benchmarks: offline setup, the workload (tokenizer, model config, preference pairs), the
+base model (`--base`: the random workload model or a pretrained directory such as SmolLM2), the machine's fp32
+matmul peak, MFU arithmetic, run statistics and the worker-subprocess protocol.
 
 Nothing here imports trl: the TRL side lives only inside the bench_*.py scripts' worker functions.
 Every benchmark runs each variant in its own subprocess (so that peak RSS is per variant) and interleaves them
@@ -7,6 +8,7 @@ Every benchmark runs each variant in its own subprocess (so that peak RSS is per
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -23,13 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from anywhere without installing
 
-THREADS = 2
+THREADS = int(os.environ.get("BENCH_THREADS", 2))  # 2 = every figure of docs/benchmarks.md; 1 for smoke runs
 # Qwen2-style reward-model backbone of the issue: hidden 256, 4 layers (GQA 4 heads / 2 KV heads, SwiGLU 8/3·h).
 MODEL_OVERRIDES = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                        intermediate_size=704, max_position_embeddings=512)
 VOCAB_SIZE = 2048
 MIN_TOKENS, MAX_TOKENS = 23, 243  # length range of one sequence (prompt + response), BOS/EOS included
 FORMAT_WORDS = ("user", "assistant", ":")
+N_CONTENT_WORDS = VOCAB_SIZE - 4 - len(FORMAT_WORDS)  # the word-level vocabulary less its 4 specials
+RANDOM_BASE = "random"  # `--base` default: the random-init workload model over the word-level tokenizer
+# A pretrained base renders prompts with its chat template (SmolLM2's adds a default system prompt: 30 tokens of
+# template vs 5 here), so its sequences are longer; this leaves room for any template without truncating.
+PRETRAINED_MAX_LENGTH = 2 * (MAX_TOKENS + 8)
+PRETRAINED_WORKER_TIMEOUT = 3600.0  # s per worker: SmolLM2 has 36x the random model's matmul params (900 s)
 
 
 def offline_env() -> None:
@@ -120,16 +128,20 @@ def _sample_length(rng: random.Random, lo: int, hi: int, mu: float, sigma: float
             return n
 
 
-def make_pairs(n: int, seed: int) -> list[dict]:
+def make_pairs(n: int, seed: int, words: Optional[Sequence[str]] = None) -> list[dict]:
     """Preference pairs in the ultrafeedback hub schema, with a learnable rule and realistic length spread.
 
     Words w0000-w0199 are "good", w0200-w0399 "bad", the rest neutral. A response's quality is its density of
     good minus bad words plus noise; the chosen response is the better one. Prompt and response lengths are
     log-normal (many short, a long tail), and the two responses' lengths are independent, as in real data;
     every sequence (BOS + "user : <prompt> assistant :" + response + EOS) has MIN_TOKENS..MAX_TOKENS tokens.
+    `words` (N_CONTENT_WORDS of them, one token each: `single_token_words`) replaces w0000... for a pretrained
+    tokenizer: the same draws, so the same lengths and labels, in words that tokenizer keeps whole.
     """
     rng = random.Random(seed)
-    words = content_words(VOCAB_SIZE - 4 - len(FORMAT_WORDS))
+    words = content_words(N_CONTENT_WORDS) if words is None else list(words)
+    if len(words) != N_CONTENT_WORDS:
+        raise ValueError(f"make_pairs needs {N_CONTENT_WORDS} words, got {len(words)}")
     good, bad, neutral = words[:200], words[200:400], words[400:]
     rows = []
     overhead = 5  # BOS, "user", ":", "assistant", ":" ... + EOS
@@ -159,20 +171,52 @@ def make_pairs(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def write_workload(work_dir: str, n_train: int, n_test: int, seed: int = 0) -> dict:
-    """Tokenizer + local hub-schema files (train_prefs / test_prefs) under work_dir; returns their paths."""
+def single_token_words(tokenizer, n: int) -> list[str]:
+    """The first `n` lowercase words (3+ letters, by token id: the most frequent first) that `tokenizer` encodes as
+    one token both alone and after a space, so a text of k such words is k tokens wherever a word stands (start of
+    a message or after a space). Raises if the vocabulary has fewer."""
+    vocab = len(tokenizer)
+    texts = tokenizer.batch_decode([[i] for i in range(vocab)])
+    seen, candidates = set(), []
+    for text in texts:
+        word = text.strip()
+        if len(word) >= 3 and word.isascii() and word.isalpha() and word.islower() and word not in seen:
+            seen.add(word)
+            candidates.append(word)
+    alone = tokenizer(candidates, add_special_tokens=False)["input_ids"]
+    spaced = tokenizer([" " + w for w in candidates], add_special_tokens=False)["input_ids"]
+    words = [w for w, a, b in zip(candidates, alone, spaced) if len(a) == 1 and len(b) == 1]
+    if len(words) < n:
+        raise ValueError(f"the tokenizer has only {len(words)} single-token words, the workload needs {n}")
+    return words[:n]
+
+
+def write_workload(work_dir: str, n_train: int, n_test: int, seed: int = 0, base_path: Optional[str] = None) -> dict:
+    """Tokenizer + local hub-schema files (train_prefs / test_prefs) under work_dir; returns their paths.
+
+    `base_path` (a pretrained base: `resolve_base`) uses that directory's tokenizer, and the pairs are written in its
+    single-token words (`single_token_words`), so that each word is still one token.
+    """
     os.makedirs(work_dir, exist_ok=True)
-    tok_dir = os.path.join(work_dir, "tokenizer")
-    if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
-        build_tokenizer(tok_dir)
-    data_dir = os.path.join(work_dir, f"data-{n_train}-{n_test}-{seed}")
+    if base_path is None:
+        tok_dir, words, tag, max_length = os.path.join(work_dir, "tokenizer"), None, "", MAX_TOKENS + 8
+        if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+            build_tokenizer(tok_dir)
+    else:
+        from datamodules.tokenizers import load_tokenizer
+
+        tok_dir, max_length = base_path, PRETRAINED_MAX_LENGTH
+        words = single_token_words(load_tokenizer(base_path), N_CONTENT_WORDS)
+        tag = hashlib.sha1("\n".join(words).encode("utf-8")).hexdigest()[:10] + "-"
+    data_dir = os.path.join(work_dir, f"data-{tag}{n_train}-{n_test}-{seed}")
     if not os.path.isfile(os.path.join(data_dir, "test_prefs.jsonl")):
         os.makedirs(data_dir, exist_ok=True)
         for split, n, s in (("train_prefs", n_train, seed), ("test_prefs", n_test, seed + 10_000)):
             with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
-                for row in make_pairs(n, s):
+                for row in make_pairs(n, s, words):
                     f.write(json.dumps(row) + "\n")
-    return {"tokenizer": tok_dir, "data_dir": data_dir, "cache_dir": os.path.join(work_dir, "cache")}
+    return {"tokenizer": tok_dir, "data_dir": data_dir, "cache_dir": os.path.join(work_dir, "cache"),
+            "base_path": base_path, "max_length": max_length}
 
 
 def preference_datamodule(paths: dict, batch_size: int, eval_batch_size: int, seed: int = 0, **kwargs):
@@ -181,18 +225,113 @@ def preference_datamodule(paths: dict, batch_size: int, eval_batch_size: int, se
 
     return PreferenceDataModule(
         source="ultrafeedback", tokenizer=paths["tokenizer"], local_dirs={"ultrafeedback": paths["data_dir"]},
-        max_length=MAX_TOKENS + 8, train_subset="all", train_labels="gold", batch_size=batch_size,
-        eval_batch_size=eval_batch_size, seed=seed, cache_dir=paths["cache_dir"], **kwargs)
+        max_length=paths.get("max_length", MAX_TOKENS + 8), train_subset="all", train_labels="gold",
+        batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed, cache_dir=paths["cache_dir"], **kwargs)
 
 
-def reward_module(tokenizer_dir: str, lr: float = 1e-3, **kwargs):
-    """Our RewardModelModule on the benchmark's Qwen2-style config; AdamW without weight decay (as TRL's run)."""
+def reward_module(tokenizer_dir: str, lr: float = 1e-3, base_path: Optional[str] = None, **kwargs):
+    """Our RewardModelModule, AdamW without weight decay (as TRL's run): on the benchmark's Qwen2-style config, or
+    with `base_path` on that pretrained base (fp32, last-token head: as configs/model/smollm2_student.yaml, but
+    every layer trained)."""
     import torch
 
     from lightning_modules.reward.reward_model import RewardModelModule
 
-    return RewardModelModule(backbone="tiny-qwen2", tokenizer=tokenizer_dir, tiny_config=dict(MODEL_OVERRIDES),
-                             optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0), **kwargs)
+    optimizer = lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0)  # noqa: E731
+    if base_path is None:
+        return RewardModelModule(backbone="tiny-qwen2", tokenizer=tokenizer_dir, tiny_config=dict(MODEL_OVERRIDES),
+                                 optimizer=optimizer, **kwargs)
+    return RewardModelModule(backbone=base_path, tokenizer=tokenizer_dir, pooling="last", dtype="float32",
+                             optimizer=optimizer, **kwargs)
+
+
+def sequence_classifier(ours, base_path: Optional[str] = None):
+    """TRL's side of the reward model: `AutoModelForSequenceClassification` (one label, no bias) with our initial
+    weights: a copy of our random backbone, or the pretrained base loaded from the same directory in fp32; the score
+    head is a copy of ours. It scores the last non-pad token, ours the last attended one: the same token, since the
+    workload's sequences hold no pad id."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    if base_path is None:
+        cfg = copy.deepcopy(ours.backbone.config)
+        cfg.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(cfg)
+        model.model.load_state_dict(ours.backbone.state_dict())
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        model.score.weight.copy_(ours.head.score.weight)
+    return model
+
+
+def trainable_params(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---- the base model: `--base` -----------------------------------------------------------------------------
+def add_base_argument(parser) -> None:
+    parser.add_argument(
+        "--base", default=RANDOM_BASE,
+        help=f"model both sides start from: {RANDOM_BASE!r} (default: the random-init workload model), 'smollm2' "
+             "(SmolLM2-135M-Instruct, converted offline on first use: docs/models.md) or a local directory of a "
+             "causal LM with its tokenizer; fp32 either way")
+
+
+def resolve_base(name: str) -> Optional[str]:
+    """`--base` -> None for the random workload model, else a local HF directory holding a causal LM and its
+    tokenizer: "smollm2" (datamodules.tokenizers.resolve_pretrained) or a directory given as is."""
+    if name == RANDOM_BASE:
+        return None
+    from datamodules.tokenizers import resolve_pretrained
+
+    path = resolve_pretrained(name)
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"--base {name!r}: {path!r} is not a local model directory (no config.json); use "
+                         f"{RANDOM_BASE!r}, 'smollm2' or a directory holding a causal LM and its tokenizer")
+    with open(config, encoding="utf-8") as f:
+        architectures = json.load(f).get("architectures") or []
+    if not any(a.endswith("ForCausalLM") for a in architectures):
+        raise ValueError(f"--base {name!r}: {path!r} holds {architectures or 'no architecture'}, not a causal LM")
+    return path
+
+
+def reward_base_config(name: str, paths: dict) -> dict:
+    """What the JSON records of the base: its name, sizes and parameter counts (the reward model's base
+    transformer), sequence-length cap; for the random model also its overrides and vocabulary, as before."""
+    from datamodules.tokenizers import load_tokenizer
+
+    base_path = paths["base_path"]
+    if base_path is None:
+        from lightning_modules.reward.backbones import tiny_config
+
+        pad = load_tokenizer(paths["tokenizer"]).pad_token_id
+        return {"base": RANDOM_BASE, "model": MODEL_OVERRIDES, "vocab": VOCAB_SIZE,
+                "base_model": model_summary(tiny_config("tiny-qwen2", VOCAB_SIZE, pad, MODEL_OVERRIDES)),
+                "max_length": paths["max_length"]}
+    return {"base": name, "base_path": base_path, "base_model": model_summary(base_path),
+            "vocab": len(load_tokenizer(base_path)),
+            "max_length": paths["max_length"], "head": "last token (ours) / last non-pad token (TRL)"}
+
+
+def model_summary(config, causal_lm: bool = False) -> dict:
+    """Sizes of a model (a HF config or a directory), counted on the meta device: nothing is read or allocated.
+    The base transformer (what the reward model runs), or with `causal_lm` the causal LM (GRPO's policy)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    if isinstance(config, str):
+        config = AutoConfig.from_pretrained(config)
+    with torch.device("meta"):
+        model = (AutoModelForCausalLM if causal_lm else AutoModel).from_config(config)
+    return {"model_type": config.model_type, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
+            "heads": config.num_attention_heads, "kv_heads": getattr(config, "num_key_value_heads", None),
+            "intermediate": getattr(config, "intermediate_size", None), "vocab": config.vocab_size,
+            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+            "parameters": sum(p.numel() for p in model.parameters()), "matmul_params": matmul_params(model)}
 
 
 def matmul_params(model) -> int:

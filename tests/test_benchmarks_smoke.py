@@ -126,3 +126,154 @@ def test_targets_table_reads_one_invocation(tmp_path):
     assert rows["`make demo` wall s, fresh cache (table = docs)"][3] == "FAIL"  # fast, but the table moved
     assert rows["data prep: peak RSS at 300k pairs, MB"][3] == "not run"
     assert not all_pass
+
+
+# ---- `--base` (issue 37): a pretrained base on both sides, here a tiny random Llama shaped like SmolLM2 ---------
+SMOL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # pad/unk, bos, eos: SmolLM2's ids 0, 1, 2
+CHATML = ("{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
+          "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> str:
+    """A SmolLM2-like base directory: byte-level BPE tokenizer (2,205 three-letter words, each one token alone and
+    after a space; ChatML template with a default system prompt; pad <|endoftext|> = 0, eos <|im_end|>) and a tiny
+    random Llama with tied embeddings."""
+    import itertools
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["".join(w) for w in itertools.product("bcdfghjklmnpqrstvwxyz", "aeiou", "bcdfghjklmnpqrstvwxyz")]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.train_from_iterator(words + [" " + w for w in words], trainers.BpeTrainer(
+        vocab_size=20_000, special_tokens=SMOL_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", unk_token="<|endoftext|>",
+                                  bos_token="<|im_start|>", eos_token="<|im_end|>")
+    tok.chat_template = CHATML
+    out = str(tmp_path_factory.mktemp("tiny_base"))
+    tok.save_pretrained(out)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def test_resolve_base(tiny_base, tmp_path, monkeypatch):
+    """--base: "random" -> None (the workload model), a directory as is, "smollm2" through the packaged-model
+    resolver; a folder without a model or with an encoder is refused naming the flag."""
+    import datamodules.pretrained_models as pm
+
+    assert C.resolve_base("random") is None
+    assert C.resolve_base(tiny_base) == tiny_base
+    monkeypatch.setitem(pm.PACKAGED_MODELS, "smollm2", lambda: tiny_base)  # never the real conversion here
+    assert C.resolve_base("smollm2") == tiny_base
+    with pytest.raises(ValueError, match="--base .*no config.json"):
+        C.resolve_base(str(tmp_path / "missing"))
+    (tmp_path / "config.json").write_text('{"architectures": ["BertModel"]}')
+    with pytest.raises(ValueError, match="--base .*not a causal LM"):
+        C.resolve_base(str(tmp_path))
+
+
+def test_model_summary_counts_without_weights(tiny_base):
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    base, lm = AutoModel.from_pretrained(tiny_base), AutoModelForCausalLM.from_pretrained(tiny_base)
+    emb = base.get_input_embeddings().weight.numel()
+    out = C.model_summary(tiny_base)
+    assert out["parameters"] == sum(p.numel() for p in base.parameters())
+    assert out["matmul_params"] == out["parameters"] - emb
+    assert (out["model_type"], out["layers"], out["hidden"], out["kv_heads"]) == ("llama", 2, 32, 2)
+    # tied embeddings: the causal LM's head adds no parameter
+    assert C.model_summary(tiny_base, causal_lm=True)["parameters"] == sum(p.numel() for p in lm.parameters())
+    assert sum(p.numel() for p in lm.parameters()) == out["parameters"]
+
+
+def test_pretrained_workload_keeps_words_whole(tiny_base, tmp_path):
+    """The pairs for a pretrained base: the same draws as the word-level workload (word counts, order, labels) in
+    words its tokenizer keeps whole, so each prompt and response is as many tokens as words."""
+    from datamodules.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(tiny_base)
+    words = C.single_token_words(tok, C.N_CONTENT_WORDS)
+    assert len(set(words)) == C.N_CONTENT_WORDS
+    assert all(len(tok.encode(w, add_special_tokens=False)) == 1 == len(tok.encode(" " + w, add_special_tokens=False))
+               for w in words)
+    with pytest.raises(ValueError, match="single-token words"):
+        C.single_token_words(tok, 10_000)
+    plain, mapped = C.make_pairs(12, seed=3), C.make_pairs(12, seed=3, words=words)
+    index = {w: i for i, w in enumerate(C.content_words(C.N_CONTENT_WORDS))}
+    for a, b in zip(plain, mapped):
+        for key in ("chosen", "rejected"):
+            text_a, text_b = a[key][-1]["content"], b[key][-1]["content"]
+            assert [words[index[w]] for w in text_a.split()] == text_b.split()  # the same draw, another spelling
+            assert len(tok(text_b, add_special_tokens=False)["input_ids"]) == len(text_b.split())
+        assert len(tok(b["prompt"], add_special_tokens=False)["input_ids"]) == len(b["prompt"].split())
+    paths = C.write_workload(str(tmp_path), 20, 4, seed=0, base_path=tiny_base)
+    assert paths["tokenizer"] == paths["base_path"] == tiny_base and paths["max_length"] == C.PRETRAINED_MAX_LENGTH
+    random_paths = C.write_workload(str(tmp_path), 20, 4, seed=0)
+    assert random_paths["base_path"] is None and random_paths["max_length"] == C.MAX_TOKENS + 8
+    assert random_paths["data_dir"].endswith("data-20-4-0") and paths["data_dir"] != random_paths["data_dir"]
+    assert "trl" not in sys.modules
+
+
+def test_reward_sides_match_on_a_pretrained_base(tiny_base):
+    """Like with like: ours (base + last-token head) and TRL's AutoModelForSequenceClassification on the same
+    directory train the same parameters and give the same rewards on a right-padded batch (pad 0, eos last)."""
+    import torch
+
+    ours = C.reward_module(tiny_base, lr=1e-5, base_path=tiny_base).eval()
+    theirs = C.sequence_classifier(ours, tiny_base).eval()
+    n_ours, n_theirs = C.trainable_params(ours), C.trainable_params(theirs)
+    assert n_ours == n_theirs == sum(p.numel() for p in ours.parameters())  # full fine-tuning on both sides
+    assert next(theirs.parameters()).dtype == torch.float32 and ours.head.pooling == "last"
+    ids = torch.tensor([[1, 40, 41, 42, 43, 2], [1, 50, 51, 2, 0, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        r_ours, _ = ours(ids, mask)
+        r_theirs = theirs(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+    torch.testing.assert_close(r_ours, r_theirs, rtol=1e-5, atol=1e-5)
+    assert "trl" not in sys.modules
+
+
+def test_grpo_prompt_ids_equal_on_both_sides(tiny_base, tmp_path):
+    """TRL gets our prompt ids: the chat template + generation prompt (pretrained base) or BOS + text (the family's
+    word-level tokenizer); the runtime check on TRL's own tokenization accepts equal ids and refuses others."""
+    import json
+    import types
+
+    from benchmarks import bench_grpo as G
+    from datamodules.triggers.datamodule import encode_prompt
+
+    args = types.SimpleNamespace(prompts=2, steps=1, work_dir=str(tmp_path))
+    for tokenizer in (tiny_base, None):
+        dm = G.trigger_dm(args, 0, tokenizer)
+        dm.setup("fit")
+        tok, texts = dm.tokenizer, [it["prompt"] for it in dm.train_items]
+        ours = [encode_prompt(tok, t) for t in texts]
+        prompts = G.trl_prompts(tok, texts)
+        assert G.trl_prompt_ids(tok, prompts) == ours
+        if tokenizer is not None:
+            assert isinstance(prompts[0], list) and tok.decode(ours[0]).endswith("<|im_start|>assistant\n")
+            assert tok.decode(ours[0]).startswith("<|im_start|>system\nYou are a tiny test model")
+        else:
+            assert isinstance(prompts[0], str) and ours[0][0] == tok.bos_token_id
+
+    expected = {json.dumps(p): ids for p, ids in zip(prompts, ours)}
+    trainer = types.SimpleNamespace(_tokenize_prompts=lambda ps: (G.trl_prompt_ids(tok, ps), None, {}))
+    checked = G.check_trl_prompt_ids(trainer, expected)
+    assert not checked
+    assert trainer._tokenize_prompts(prompts)[0] == ours and checked
+    wrong = types.SimpleNamespace(_tokenize_prompts=lambda ps: ([ids[1:] for ids in ours], None, {}))
+    G.check_trl_prompt_ids(wrong, expected)
+    with pytest.raises(AssertionError, match="prompt ids differ"):
+        wrong._tokenize_prompts(prompts)
+    assert "trl" not in sys.modules
