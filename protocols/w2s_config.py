@@ -237,6 +237,10 @@ class W2SProtocol:
             `<out_dir>/<results_name>.md|json|csv`. Two configurations that share an out_dir (and so reuse each
             other's stages) each need their own name: a set belongs to the configuration that made it, and another
             one is refused before any work rather than replacing its rows (docs/reruns.md).
+        keep_fit_checkpoints: keep every checkpoint a finished stage's fits wrote. By default only those its result
+            names (the kept one, the `weak_val` one) stay; the fit's resume points (`last.ckpt`, the best
+            checkpoint's twin, a teacher search's unchosen candidates) are deleted once the result is written: they
+            were two thirds of a run's disk (9 GB per seed of w2s_budget_matched.yaml). Not part of any identity.
     """
 
     out_dir: str
@@ -259,6 +263,7 @@ class W2SProtocol:
     paired_reference: Union[str, list[str], None] = "anchor"
     results_name: str = "results"
     extra_teachers: list[ExtraTeacher] = field(default_factory=list)
+    keep_fit_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]

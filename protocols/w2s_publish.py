@@ -34,8 +34,12 @@ def claim_results(p: W2SProtocol, replace: bool) -> None:
         return
     nested = {"methods": _defaults(Method), "teacher_search": _defaults(TeacherSearch)}
     # Adding methods or seeds grows the same configuration's table; dropping or changing one would lose rows.
-    refuse_other_owner(folder, asdict(p), _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
+    mine = {k: v for k, v in asdict(p).items() if k not in RUN_ONLY}
+    refuse_other_owner(folder, mine, _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
                        "--results_name")
+
+
+RUN_ONLY = {"keep_fit_checkpoints"}  # options of how a run keeps its files, not of what the table shows
 
 
 def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]],

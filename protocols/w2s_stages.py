@@ -45,6 +45,7 @@ class Stage:
     combine: Optional[str] = None  # "weights" (WARM) or "predictions"
     extra_teacher: bool = False  # one of the protocol's extra teachers (fitted like the main one)
     extra_teachers: tuple[str, ...] = ()  # extra teachers whose labels it reads (--data.extra_teacher_checkpoints)
+    keep_fit_checkpoints: bool = False  # keep the fit's resume points once the stage is finished (protocol option)
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -130,6 +131,8 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                     + outside_model_args(spec, p.zero_shot_args))
             stages.append(Stage(seed, name, f"zero-shot {spec!r}", os.path.join(seed_dir, name), args, PRETRAINED,
                                 ("teacher",), pretrained=spec))
+    for stage in stages:
+        stage.keep_fit_checkpoints = p.keep_fit_checkpoints
     return stages
 
 

@@ -121,6 +121,13 @@ def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, wo
     for name in ("results.csv", "figures/aog_heatmap.png", "figures/nts_bars.png", "figures/drift_vs_ood.png"):
         assert os.path.isfile(os.path.join(out, name)), name
     assert len(glob.glob(os.path.join(out, "results", "summary", "events.out.tfevents.*"))) == 1
+    for seed in seeds:  # a finished stage keeps only the checkpoint its result names (keep_fit_checkpoints: false)
+        for stage in rows:
+            folder = os.path.join(out, f"seed{seed}", stage)
+            with open(os.path.join(folder, "result.json")) as f:
+                kept = json.load(f)["checkpoint"]
+            left = glob.glob(os.path.join(folder, "**", "*.ckpt"), recursive=True)
+            assert {os.path.realpath(p) for p in left} == {os.path.realpath(kept)}, (stage, left)
 
 
 def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path, word_tokenizer_dir, cache_dir):
@@ -496,3 +503,36 @@ def test_join_rows_takes_each_row_from_its_run_on_the_shared_seeds(tmp_path):
     assert table[5] == "| hard | 90.5 ± 0.7 | +2.0 ± 0.0 | +2.0 ± 1.4 | +2.0 ± 1.4 (+1.0, +3.0) |"
     with pytest.raises(SystemExit, match="no row 'x'"):
         join_rows(["--row", f"{tmp_path / 'main'}:x"])
+
+
+def test_pruning_deletes_every_checkpoint_the_result_does_not_name(tmp_path):
+    from protocols.w2s_fit import kept_checkpoints, prune_checkpoints
+
+    files = ["fit/checkpoints/last.ckpt", "fit/checkpoints/epoch0-step4-acc0.5000.ckpt", "final.ckpt",
+             "rule_checkpoints/weak_best.ckpt", "candidates/vocab_limit=5000/fit/checkpoints/last.ckpt",
+             "result.json", "fit/events.out.tfevents.1"]
+    for name in files:
+        os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
+        (tmp_path / name).write_text("x")
+    result = {"checkpoint": str(tmp_path / "fit/checkpoints/epoch0-step4-acc0.5000.ckpt"),
+              "weak_val": {"checkpoint": str(tmp_path / "rule_checkpoints/weak_best.ckpt")}}
+    removed = prune_checkpoints(str(tmp_path), kept_checkpoints(result))
+    assert removed == sorted(str(tmp_path / n) for n in ("candidates/vocab_limit=5000/fit/checkpoints/last.ckpt",
+                                                           "final.ckpt", "fit/checkpoints/last.ckpt"))
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        ["fit/checkpoints/epoch0-step4-acc0.5000.ckpt", "rule_checkpoints/weak_best.ckpt", "result.json",
+         "fit/events.out.tfevents.1"])
+    assert kept_checkpoints({"checkpoint": None}) == set()  # an outside model's stage: nothing of its own to keep
+
+
+def test_keep_fit_checkpoints_reaches_every_stage_and_is_no_change_of_the_published_set(tmp_path,
+                                                                                       word_tokenizer_dir, cache_dir):
+    from protocols.w2s_config import W2SProtocol
+    from protocols.w2s_publish import RUN_ONLY
+    from protocols.w2s_stages import plan_stages
+
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0], methods=[{"name": "naive"}])
+    assert {s.keep_fit_checkpoints for s in plan_stages(parse(["--config", _write(tmp_path, cfg)]))} == {False}
+    cfg["keep_fit_checkpoints"] = True
+    assert {s.keep_fit_checkpoints for s in plan_stages(parse(["--config", _write(tmp_path, cfg)]))} == {True}
+    assert RUN_ONLY <= set(W2SProtocol.__dataclass_fields__)
