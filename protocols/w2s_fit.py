@@ -85,16 +85,21 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     return result
 
 
-def kept_checkpoints(result: dict) -> set[str]:
-    """The checkpoints a finished stage's result names: the one it keeps (tested, read by downstream stages: WiSE-FT,
-    ensembles, the students' teacher) and the `weak_val` rule's."""
-    return {c for c in (result.get("checkpoint"), (result.get("weak_val") or {}).get("checkpoint")) if c}
+def kept_checkpoints(result: Any) -> set[str]:
+    """Every checkpoint a finished stage's result names (a "checkpoint" value at any depth): the one it keeps (tested,
+    read by downstream stages: WiSE-FT, ensembles, the students' teacher), the `weak_val` rule's, and each teacher
+    search candidate's (a reviewer recomputes their figures from them)."""
+    if isinstance(result, list):
+        return set().union(*(kept_checkpoints(v) for v in result)) if result else set()
+    if not isinstance(result, dict):
+        return set()
+    named = {result["checkpoint"]} if isinstance(result.get("checkpoint"), str) else set()
+    return named.union(*(kept_checkpoints(v) for k, v in result.items() if k != "checkpoint"))
 
 
 def prune_checkpoints(stage_dir: str, keep: set[str]) -> list[str]:
-    """Delete every `.ckpt` under a finished stage's folder that its result does not name: the fit's own resume
-    points (`last.ckpt`, and `final.ckpt`'s twins under `fit/checkpoints/`) and the teacher search's unchosen
-    candidates. They are only needed to resume an interrupted fit, which a finished stage never is, and they are
+    """Delete every `.ckpt` under a finished stage's folder that its result does not name: the fits' own resume
+    points (`last.ckpt`, the twins of the kept one under `fit/checkpoints/`). They are only needed to resume an interrupted fit, which a finished stage never is, and they are
     two thirds of a run's disk (a MiniLM stage: 3 x 119 MB). Returns the deleted paths.
     `keep_fit_checkpoints: true` in the protocol keeps them."""
     keep = {os.path.realpath(k) for k in keep}

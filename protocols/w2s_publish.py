@@ -34,12 +34,16 @@ def claim_results(p: W2SProtocol, replace: bool) -> None:
         return
     nested = {"methods": _defaults(Method), "teacher_search": _defaults(TeacherSearch)}
     # Adding methods or seeds grows the same configuration's table; dropping or changing one would lose rows.
-    mine = {k: v for k, v in asdict(p).items() if k not in RUN_ONLY}
-    refuse_other_owner(folder, mine, _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
+    refuse_other_owner(folder, configuration(p), _defaults(W2SProtocol), nested, {"methods": "name", "seeds": None},
                        "--results_name")
 
 
 RUN_ONLY = {"keep_fit_checkpoints"}  # options of how a run keeps its files, not of what the table shows
+
+
+def configuration(p: W2SProtocol) -> dict:
+    """The configuration a published set records (`protocol.json`) and is owned by: every option but `RUN_ONLY`."""
+    return {k: v for k, v in asdict(p).items() if k not in RUN_ONLY}
 
 
 def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[int, dict]],
@@ -57,7 +61,7 @@ def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[in
             entries = {stage_key(s): stage_entry(p.out_dir, s.result_path, done[s.name][s.seed]) for s in stages}
 
             def write(folder: str) -> None:
-                atomic_write_json(asdict(p), os.path.join(folder, "protocol.json"))
+                atomic_write_json(configuration(p), os.path.join(folder, "protocol.json"))
                 write_reports(folder, results)
                 write_hparams(folder, stages, done, results["id_source"])
                 write_set_record(folder, published_command(command), links, entries)

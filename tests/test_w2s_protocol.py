@@ -514,14 +514,17 @@ def test_pruning_deletes_every_checkpoint_the_result_does_not_name(tmp_path):
     for name in files:
         os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
         (tmp_path / name).write_text("x")
+    files.append("candidates/vocab_limit=5000/fit/checkpoints/epoch0-step2-acc0.7000.ckpt")
+    (tmp_path / files[-1]).write_text("x")
     result = {"checkpoint": str(tmp_path / "fit/checkpoints/epoch0-step4-acc0.5000.ckpt"),
-              "weak_val": {"checkpoint": str(tmp_path / "rule_checkpoints/weak_best.ckpt")}}
+              "weak_val": {"checkpoint": str(tmp_path / "rule_checkpoints/weak_best.ckpt")},
+              "teacher_search": {"candidates": [{"value": 5000, "checkpoint": str(tmp_path / files[-1])}]}}
     removed = prune_checkpoints(str(tmp_path), kept_checkpoints(result))
     assert removed == sorted(str(tmp_path / n) for n in ("candidates/vocab_limit=5000/fit/checkpoints/last.ckpt",
                                                            "final.ckpt", "fit/checkpoints/last.ckpt"))
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == sorted(
         ["fit/checkpoints/epoch0-step4-acc0.5000.ckpt", "rule_checkpoints/weak_best.ckpt", "result.json",
-         "fit/events.out.tfevents.1"])
+         "fit/events.out.tfevents.1", files[-1]])
     assert kept_checkpoints({"checkpoint": None}) == set()  # an outside model's stage: nothing of its own to keep
 
 
