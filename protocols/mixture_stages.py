@@ -64,8 +64,12 @@ class MixtureHooks:
         self._resolved: dict[tuple, tuple[dict, dict]] = {}
 
     def specs(self) -> list[StageSpec]:
-        return [StageSpec(f"seed_{seed}/{s.name}", seed, s.name, (f"seed_{seed}/{s.start}",) if s.start else (), s)
-                for seed in self.seeds for s in self.stages]
+        """Every stage of every seed; a seed's stages one after another (`after`: the previous one), since they
+        share the seed's folder and their configs' checkpoint paths (the full-sequence and persona-token variants
+        of one config write the same file), while seeds run in parallel."""
+        return [StageSpec(f"seed_{seed}/{s.name}", seed, s.name, (f"seed_{seed}/{s.start}",) if s.start else (), s,
+                          (f"seed_{seed}/{self.stages[i - 1].name}",) if i else ())
+                for seed in self.seeds for i, s in enumerate(self.stages)]
 
     # ---- what the engine reads
     def seed_dir(self, spec: StageSpec) -> str:

@@ -129,6 +129,21 @@ def test_parallel_runs_respect_the_chain_and_the_worker_count(tmp_path):
         assert order == [f"seed{seed}/teacher", f"seed{seed}/student", f"seed{seed}/eval"]
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_after_orders_siblings_without_reading_them(tmp_path, ordered):
+    """Two stages that both read the teacher run at once on 2 workers, unless the second is `after` the first (the
+    mixture's stages of one seed: one folder, shared checkpoint paths); `after` adds nothing to the identity."""
+    config = {"teacher": {"lr": 1}, "full": {"lr": 2}, "persona": {"lr": 3}}
+    specs = [StageSpec("seed0/teacher", 0, "teacher"),
+             StageSpec("seed0/full", 0, "full", ("seed0/teacher",)),
+             StageSpec("seed0/persona", 0, "persona", ("seed0/teacher",), after=("seed0/full",) if ordered else ())]
+    hooks = FakeHooks(tmp_path, config, delay=0.3)
+    results = local.run_local(specs, hooks, ForceSpec(None), workers=2)
+    assert hooks.most_at_once == (1 if ordered else 2)
+    assert hooks.ran == ["seed0/teacher", "seed0/full", "seed0/persona"]
+    assert results["seed0/persona"]["identity"]["upstream"] == {"seed0/teacher": results["seed0/teacher"]["run"]}
+
+
 def test_a_failure_in_parallel_stops_new_stages_and_is_raised_after_the_running_finish(tmp_path):
     hooks, specs = FakeHooks(tmp_path, CONFIG, fail={"student"}, delay=0.1), chain(seeds=(0, 1))
     with pytest.raises(RuntimeError, match=r"seed\d/student failed"):

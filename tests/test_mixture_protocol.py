@@ -187,3 +187,16 @@ def test_the_smollm2_experiment_stacks_the_cpu_configs_on_every_stage(tmp_path):
             assert model["persona_tokens_only"] == stage.name.endswith("_persona")
         written.add(mixture_stages.checkpoint_of(stage, "seed", config))
     assert len(written) == len(real.stages) - 1  # rl_A and rl_A_persona share a file name, as in two_policies
+
+
+def test_the_stages_of_one_seed_run_in_order_and_seeds_in_parallel(tmp_path):
+    """The full-sequence and persona-token variants of one config write the same checkpoint file in the seed's folder:
+    each stage of a seed waits for the one before it (`after`, order only), the seeds do not wait for each other."""
+    exp = mixture.EXPERIMENTS["two_policies"]
+    hooks = mixture_stages.MixtureHooks("two_policies", exp, list(exp.stages), [0, 1], str(tmp_path),
+                                        {"sft": [], "rl": []}, 1, None, "r", "")
+    specs = {s.key: s for s in hooks.specs()}
+    for seed in (0, 1):
+        names = [f"seed_{seed}/{s.name}" for s in exp.stages]
+        assert [specs[k].after for k in names] == [(), *((p,) for p in names[:-1])]
+        assert all(specs[k].upstream in ((), (f"seed_{seed}/sft",)) for k in names)  # what they read is unchanged

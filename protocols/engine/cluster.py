@@ -110,9 +110,11 @@ def _submit_all(sub: slurm_jobs.Submission, specs: list[StageSpec], hooks: Hooks
         if plan[spec.key][0] != "submit":
             continue
         after = [jobs[u] for u in spec.upstream if u in jobs]
+        order = [jobs[u] for u in spec.after if u in jobs and u not in spec.upstream]  # whatever their outcome
         command = hooks.job_command(spec.key, hooks.finished(spec) is not None, sub)
         jobs[spec.key] = slurm_jobs.submit_stage_job(sub, stage_folder(hooks.root, spec.key), logs, spec.key,
-                                                     hooks.job_name(spec.key), command, opts, {"afterok": after})
+                                                     hooks.job_name(spec.key), command, opts,
+                                                     {"afterok": after, "afterany": order})
     slurm_jobs.submit_collect(sub, stage_folder(hooks.root, slurm_jobs.COLLECT), logs,
                               hooks.job_name(slurm_jobs.COLLECT), hooks.job_command(None, False, sub), opts,
                               {hooks.collect_after: sorted(set(jobs.values()))}, states, extra=hooks.collect_record())

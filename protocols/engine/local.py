@@ -122,7 +122,7 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
     error: Optional[BaseException] = None
     with futures.ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or running:
-            ready = [s for s in pending if all(u in results for u in s.upstream)] if error is None else []
+            ready = [s for s in pending if all(u in results for u in (*s.upstream, *s.after))] if error is None else []
             for spec in ready:
                 if len(running) >= workers:
                     break

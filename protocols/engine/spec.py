@@ -13,6 +13,8 @@ class StageSpec:
     `key` names it everywhere: its folder under `<root>/.stages/` (lock, job record), its `--stage` value, its
     `--force` and status row (`seed0/teacher` for W2S, `seed_0/sft` for the mixture: the protocol's own shape).
     `upstream`: the keys of the stages whose results it reads; they come before it in the declared order.
+    `after`: keys of stages that must be settled before it starts although it reads nothing of theirs (order only:
+    the mixture's stages of one seed share a working directory and checkpoint paths). Not part of its identity.
     `stage`: the protocol's own description of it (what its hooks need); the engine never looks inside.
     """
 
@@ -21,6 +23,7 @@ class StageSpec:
     name: str
     upstream: tuple[str, ...] = ()
     stage: Any = None
+    after: tuple[str, ...] = ()
 
 
 class Hooks(Protocol):
