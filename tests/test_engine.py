@@ -144,6 +144,18 @@ def test_after_orders_siblings_without_reading_them(tmp_path, ordered):
     assert results["seed0/persona"]["identity"]["upstream"] == {"seed0/teacher": results["seed0/teacher"]["run"]}
 
 
+def test_a_parallel_rerun_goes_on_past_a_round_of_reused_stages(tmp_path):
+    """Every ready stage reused (all seeds' teachers finished) and nothing running: the stages they unblock run next
+    (the runner used to stop there with "wait for stages that never ran")."""
+    hooks, specs = FakeHooks(tmp_path, CONFIG), chain(seeds=(0, 1))
+    for seed in (0, 1):
+        hooks.disk[f"seed{seed}/teacher"] = {"identity": {"config": CONFIG["teacher"], "upstream": {}},
+                                             "run": f"seed{seed}/teacher#0", "status": "done"}
+    results = local.run_local(specs, hooks, ForceSpec(None), workers=2)
+    assert sorted(hooks.ran) == ["seed0/eval", "seed0/student", "seed1/eval", "seed1/student"]
+    assert results["seed1/student"]["identity"]["upstream"] == {"seed1/teacher": "seed1/teacher#0"}
+
+
 def test_a_failure_in_parallel_stops_new_stages_and_is_raised_after_the_running_finish(tmp_path):
     hooks, specs = FakeHooks(tmp_path, CONFIG, fail={"student"}, delay=0.1), chain(seeds=(0, 1))
     with pytest.raises(RuntimeError, match=r"seed\d/student failed"):

@@ -123,6 +123,7 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
     with futures.ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or running:
             ready = [s for s in pending if all(u in results for u in (*s.upstream, *s.after))] if error is None else []
+            settled = False  # a stage reused (or blocked) here may make others ready: look again before waiting
             for spec in ready:
                 if len(running) >= workers:
                     break
@@ -138,6 +139,7 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
                 if action != "run":
                     results[spec.key] = _settle(spec, hooks, action, result, identity, progress)
                     lock.__exit__(None, None, None)
+                    settled = True
                     continue
                 if forced:
                     forced_keys.add(spec.key)
@@ -147,6 +149,8 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
             if not running:
                 if error is not None or not pending:
                     break
+                if settled:
+                    continue
                 raise RuntimeError(f"stages {[s.key for s in pending]} wait for stages that never ran")  # a defect
             done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
             for future in done:
