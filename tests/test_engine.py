@@ -144,16 +144,32 @@ def test_after_orders_siblings_without_reading_them(tmp_path, ordered):
     assert results["seed0/persona"]["identity"]["upstream"] == {"seed0/teacher": results["seed0/teacher"]["run"]}
 
 
-def test_a_parallel_rerun_goes_on_past_a_round_of_reused_stages(tmp_path):
-    """Every ready stage reused (all seeds' teachers finished) and nothing running: the stages they unblock run next
-    (the runner used to stop there with "wait for stages that never ran")."""
+@pytest.mark.parametrize("seed1_teacher_runs", [False, True])
+def test_a_parallel_rerun_goes_on_past_a_round_of_reused_stages(tmp_path, seed1_teacher_runs):
+    """Stages unblocked by a reused one start at once: when nothing else runs (the runner used to stop with "wait for
+    stages that never ran"), and beside a running stage when a worker is free (it used to wait for that one)."""
     hooks, specs = FakeHooks(tmp_path, CONFIG), chain(seeds=(0, 1))
     for seed in (0, 1):
         hooks.disk[f"seed{seed}/teacher"] = {"identity": {"config": CONFIG["teacher"], "upstream": {}},
                                              "run": f"seed{seed}/teacher#0", "status": "done"}
+    if seed1_teacher_runs:  # seed 0's student, unblocked by a reuse, runs beside it at once
+        del hooks.disk["seed1/teacher"]
+    hooks.delay, spans, run = 0.3, {}, hooks.run
+
+    def timed(spec, *args):
+        start = time.monotonic()
+        try:
+            return run(spec, *args)
+        finally:
+            spans[spec.key] = (start, time.monotonic())
+
+    hooks.run = timed
     results = local.run_local(specs, hooks, ForceSpec(None), workers=2)
-    assert sorted(hooks.ran) == ["seed0/eval", "seed0/student", "seed1/eval", "seed1/student"]
-    assert results["seed1/student"]["identity"]["upstream"] == {"seed1/teacher": "seed1/teacher#0"}
+    assert sorted(hooks.ran) == sorted(["seed0/eval", "seed0/student", "seed1/eval", "seed1/student"]
+                                       + (["seed1/teacher"] if seed1_teacher_runs else []))
+    if seed1_teacher_runs:  # seed 0's student did not wait for seed 1's teacher
+        assert spans["seed0/student"][0] < spans["seed1/teacher"][1]
+    assert results["seed0/student"]["identity"]["upstream"] == {"seed0/teacher": "seed0/teacher#0"}
 
 
 def test_a_failure_in_parallel_stops_new_stages_and_is_raised_after_the_running_finish(tmp_path):
