@@ -207,7 +207,7 @@ def worker(args, paths: dict) -> dict:
            "step_s_mean": round(seconds / len(items), 4), "rss_before_fit_mb": round(before, 1),
            "fit_peak_rss_mb": round(rss.peak, 1), "fit_increment_mb": round(rss.peak - before, 1),
            "peak_rss_mb": round(C.peak_rss_mb(), 1),
-           "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "trainable_params": C.trainable_params(model),
            "prefix_cache_mb_per_1k_pairs": prefix_cache_per_1k(model)}
     if args.epochs:
         out.update(clock.summary(args.warmup))

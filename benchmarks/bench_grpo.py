@@ -268,7 +268,7 @@ def main() -> None:
     def run(label: str, r: int) -> dict:
         v, b = label.split("@beta=")
         return C.run_worker(__file__, common + ["--variant", v, "--beta", b, "--seed", str(r)],
-                            timeout=900 if tokenizer is None else C.PRETRAINED_WORKER_TIMEOUT)
+                            timeout=C.worker_timeout(tokenizer))
 
     t0 = time.perf_counter()
     runs = C.interleave(labels, args.repeats, run, C.eprint)

@@ -218,7 +218,7 @@ def main() -> None:
               "--work-dir", args.work_dir, "--peak-gflops", str(peak["peak_gflops"]), "--base", args.base]
     runs = C.interleave(args.variants, args.repeats,
                         lambda v, r: C.run_worker(__file__, common + ["--variant", v, "--seed", str(r)],
-                                                  timeout=900 if base_path is None else C.PRETRAINED_WORKER_TIMEOUT),
+                                                  timeout=C.worker_timeout(base_path)),
                         C.eprint)
     keys = ("pairs_per_s", "tokens_per_s", "padding_fraction", "useful_mfu", "padded_mfu", "step_s_median",
             "test_acc", "peak_rss_mb")

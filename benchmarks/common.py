@@ -37,7 +37,7 @@ RANDOM_BASE = "random"  # `--base` default: the random-init workload model over 
 # A pretrained base renders prompts with its chat template (SmolLM2's adds a default system prompt: 30 tokens of
 # template vs 5 here), so its sequences are longer; this leaves room for any template without truncating.
 PRETRAINED_MAX_LENGTH = 2 * (MAX_TOKENS + 8)
-PRETRAINED_WORKER_TIMEOUT = 3600.0  # s per worker: SmolLM2 has 36x the random model's matmul params (900 s)
+WORKER_TIMEOUT, PRETRAINED_WORKER_TIMEOUT = 900.0, 3600.0  # s per worker: SmolLM2 has 36x the random model's matmul params
 
 
 def offline_env() -> None:
@@ -267,6 +267,11 @@ def sequence_classifier(ours, base_path: Optional[str] = None):
     return model
 
 
+def worker_timeout(base_path: Optional[str]) -> float:
+    """A worker's time limit: the random workload model's, or a pretrained base's (`resolve_base`)."""
+    return WORKER_TIMEOUT if base_path is None else PRETRAINED_WORKER_TIMEOUT
+
+
 def trainable_params(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -357,7 +362,7 @@ def summary(values: Sequence[float], digits: int = 3) -> dict:
             "max": round(max(vals), digits), "n": len(vals)}
 
 
-def run_worker(script: str, args: Sequence[str], timeout: float = 900) -> dict:
+def run_worker(script: str, args: Sequence[str], timeout: float = WORKER_TIMEOUT) -> dict:
     """Run `python script --worker ...` in a fresh process; its last stdout line is its JSON result."""
     cmd = [sys.executable, script, *args]
     t0 = time.perf_counter()

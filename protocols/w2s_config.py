@@ -238,9 +238,9 @@ class W2SProtocol:
             other's stages) each need their own name: a set belongs to the configuration that made it, and another
             one is refused before any work rather than replacing its rows (docs/reruns.md).
         keep_fit_checkpoints: keep every checkpoint a finished stage's fits wrote. By default only those its result
-            names (the kept one, the `weak_val` one) stay; the fit's resume points (`last.ckpt`, the best
-            checkpoint's twin, a teacher search's unchosen candidates) are deleted once the result is written: they
-            were two thirds of a run's disk (9 GB per seed of w2s_budget_matched.yaml). Not part of any identity.
+            names stay (the kept one, the `weak_val` one, each teacher search candidate's); the fits' resume points
+            (`last.ckpt`, the kept checkpoint's twin) are deleted once the result is written: they were two thirds
+            of a run's disk (9 GB per seed of w2s_budget_matched.yaml). Not part of any identity.
     """
 
     out_dir: str

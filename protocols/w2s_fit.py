@@ -90,7 +90,7 @@ def kept_checkpoints(result: Any) -> set[str]:
     read by downstream stages: WiSE-FT, ensembles, the students' teacher), the `weak_val` rule's, and each teacher
     search candidate's (a reviewer recomputes their figures from them)."""
     if isinstance(result, list):
-        return set().union(*(kept_checkpoints(v) for v in result)) if result else set()
+        return set().union(*(kept_checkpoints(v) for v in result))
     if not isinstance(result, dict):
         return set()
     named = {result["checkpoint"]} if isinstance(result.get("checkpoint"), str) else set()
@@ -99,8 +99,9 @@ def kept_checkpoints(result: Any) -> set[str]:
 
 def prune_checkpoints(stage_dir: str, keep: set[str]) -> list[str]:
     """Delete every `.ckpt` under a finished stage's folder that its result does not name: the fits' own resume
-    points (`last.ckpt`, the twins of the kept one under `fit/checkpoints/`). They are only needed to resume an interrupted fit, which a finished stage never is, and they are
-    two thirds of a run's disk (a MiniLM stage: 3 x 119 MB). Returns the deleted paths.
+    points (`last.ckpt`, the twins of the kept one under `fit/checkpoints/`). They are only needed to resume an
+    interrupted fit, which a finished stage never is, and they are two thirds of a run's disk (a MiniLM stage:
+    3 x 119 MB). Returns the deleted paths.
     `keep_fit_checkpoints: true` in the protocol keeps them."""
     keep = {os.path.realpath(k) for k in keep}
     removed = []

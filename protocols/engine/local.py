@@ -146,14 +146,12 @@ def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, worker
                 upstream = {u: results[u] for u in spec.upstream}
                 future = pool.submit(hooks.run, spec, upstream, identity, forced)
                 running[future] = (spec, lock, time.time())
+            if settled and len(running) < workers:
+                continue  # a free worker: start what the reused stages unblocked before waiting on a running one
             if not running:
                 if error is not None or not pending:
                     break
-                if settled:
-                    continue
                 raise RuntimeError(f"stages {[s.key for s in pending]} wait for stages that never ran")  # a defect
-            if settled and len(running) < workers:
-                continue  # a free worker: start what the reused stages unblocked before waiting on a running one
             done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
             for future in done:
                 spec, lock, start = running.pop(future)
