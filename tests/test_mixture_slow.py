@@ -13,23 +13,16 @@ docs/policy_mixtures.md. Then:
 2. The headline claims hold for the means over seeds. Each threshold sits several documented σ away from the
    measured mean (the margins are noted beside them), so a claim fails when the behaviour changes, not on noise.
 """
-import json
-import math
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.doc_tables import ROOT, documented_table, parse_mean_std_table
+from tests.mixture_results import at_step, mean, results, rl_stages, summary, table_problems, winners
 
 # setup.cfg's 900 s per-test timeout guards the fast suite; an experiment runs inside the first test that needs it
 # (6C3: 10 min on 2 quiet cores)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-SEEDS = (0, 1, 2)
 EXPERIMENTS = ("two_policies", "two_policies_algorithms", "two_policies_selection", "cyclic", "6c3", "temporal",
                "language", "arc_race")
-_runs: dict[str, dict] = {}
+TABLES = [(e, s) for e in EXPERIMENTS for s in rl_stages(e)]
 
 
 @pytest.fixture(scope="module")
@@ -37,68 +30,9 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("mixture")
 
 
-def results(experiment: str, root) -> dict:
-    """The experiment's `<experiment>_seeds_0-1-2_results.json`, run once per test session."""
-    if experiment not in _runs:
-        from protocols.mixture import EXPERIMENTS as DEFINED
-
-        subprocess.run([sys.executable, "-m", "protocols.mixture", experiment, "--seeds", *map(str, SEEDS),
-                        "--out", str(root)], cwd=ROOT, check=True)
-        path = os.path.join(root, DEFINED[experiment].family,
-                            f"{experiment}_seeds_{'-'.join(map(str, SEEDS))}_results.json")
-        with open(path) as f:
-            _runs[experiment] = json.load(f)
-    return _runs[experiment]
-
-
-def rl_stages(experiment: str) -> list[str]:
-    from protocols.mixture import EXPERIMENTS as DEFINED
-
-    return [s.name for s in DEFINED[experiment].stages if not s.sft]
-
-
-TABLES = [(e, s) for e in EXPERIMENTS for s in rl_stages(e)]
-
-
-def allowed(mean_std: tuple[float, float]) -> float:
-    return max(2.5 * mean_std[1], 0.05)
-
-
 @pytest.mark.parametrize("experiment, stage", TABLES, ids=[f"{e}:{s}" for e, s in TABLES])
 def test_documented_table_is_reproduced(root, experiment, stage):
-    from protocols.mixture_report import summary_markdown
-
-    documented = parse_mean_std_table(documented_table("policy_mixtures.md", f"mixture-{experiment}-{stage}"))
-    measured = parse_mean_std_table(summary_markdown(results(experiment, root)["stages"][stage]["summary"]))
-    assert set(documented) == set(measured)
-    problems = [f"{row} / {col}: documented {doc[0]} ± {doc[1]}, measured {measured[row].get(col)}"
-                for row, cols in documented.items() for col, doc in cols.items()
-                if col not in measured[row] or abs(measured[row][col][0] - doc[0]) > allowed(doc)]
-    assert problems == []
-
-
-def summary(experiment: str, stage: str, root) -> dict:
-    stages = results(experiment, root)["stages"]
-    assert all(r["status"] == "done" for r in stages[stage]["records"].values()), stages[stage]["records"]
-    return stages[stage]["summary"]
-
-
-def mean(summary_: dict, dist: str, column: str) -> float:
-    values = summary_["rows"][dist][column]
-    assert len(values) == len(SEEDS)
-    return sum(values) / len(values)
-
-
-def at_step(summary_: dict, step: int, key: str) -> float:
-    """Mean over seeds of a history column at one evaluation step (NaN seeds, a persona that no longer speaks, left
-    out; at least one seed must have the value)."""
-    values = [v for v in summary_["history"][str(step)][key] if not math.isnan(v)]
-    assert values, (step, key)
-    return sum(values) / len(values)
-
-
-def winners(summary_: dict, dist: str) -> set:
-    return set(summary_["winners"][dist].values())
+    assert table_problems(experiment, stage, root) == []
 
 
 def test_two_policies_rl_on_A_selects_alice_and_persona_only_meets_the_target(root):
