@@ -277,3 +277,29 @@ def test_grpo_prompt_ids_equal_on_both_sides(tiny_base, tmp_path):
     with pytest.raises(AssertionError, match="prompt ids differ"):
         wrong._tokenize_prompts(prompts)
     assert "trl" not in sys.modules
+
+
+def test_sampler_bench_workers_on_the_random_base(tmp_path):
+    """bench_sampler.py's workers in-process on the random base: the module's sample call per sampler counts the
+    real tokens (EOS included, no padding), `--ignore-eos` gives exactly max_new_tokens per completion, and greedy
+    decoding gives the same tokens with all three samplers."""
+    import types
+
+    from benchmarks import bench_sampler as S
+
+    args = types.SimpleNamespace(base="random", work_dir=str(tmp_path), prompts=2, group_size=2, max_new_tokens=5,
+                                 temperature=1.0, steps=2, warmup=1, ignore_eos=False, greedy_prompts=3, seed=0)
+    greedy = S.worker_greedy(args)
+    assert greedy["greedy_equal"] and greedy["prompts"] == 3
+    assert greedy["rows_differing_from_hf_generate"] == {"static": [], "kv_loop": []}
+    for sampler in S.SAMPLERS:
+        for ignore_eos in (False, True):
+            args.variant, args.ignore_eos = sampler, ignore_eos
+            out = S.worker_sampler(args)
+            completions = args.steps * args.prompts * args.group_size
+            assert out["calls_timed"] == args.steps and out["tokens_per_s"] > 0
+            assert 1 <= out["mean_completion_tokens"] <= args.max_new_tokens
+            assert out["generated_tokens"] == round(out["mean_completion_tokens"] * completions)
+            if ignore_eos:
+                assert out["generated_tokens"] == completions * args.max_new_tokens and out["eos_share"] == 0
+    assert "trl" not in sys.modules
