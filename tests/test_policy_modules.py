@@ -102,6 +102,27 @@ def test_rl_refuses_low_fidelity_checkpoint(tmp_path, cache_dir):
         _trainer(1).fit(m, _rl_dm(cache_dir))
 
 
+def test_a_stage_started_from_an_rl_checkpoint_gets_the_architecture_of_the_chain(tmp_path, cache_dir):
+    # temporal stage 2 starts from stage 1's RL checkpoint, and neither RL config names the architecture (the SFT
+    # does): stage 1 must write the architecture it loaded, or stage 2 builds its config's default network (for
+    # SmolLM2, a tiny GPT-2: "Missing key(s) in state_dict")
+    sft = _sft_ckpt(tmp_path, cache_dir, fidelity=1.0)  # TINY: n_embd 32, 1 layer
+    default = PolicyRLModule(init_checkpoint=sft).hparams
+    assert (default["n_embd"], default["n_layer"]) != (TINY["n_embd"], TINY["n_layer"])  # the test's premise
+    stage1 = PolicyRLModule(init_checkpoint=sft, group_size=2, max_new_tokens=4)
+    t = _trainer(1)
+    t.fit(stage1, _rl_dm(cache_dir))
+    rl1 = str(tmp_path / "rl1.ckpt")
+    t.save_checkpoint(rl1)
+    written = torch.load(rl1, weights_only=False)["hyper_parameters"]
+    assert {k: written[k] for k in TINY} == TINY
+    stage2 = PolicyRLModule(init_checkpoint=rl1, group_size=2, max_new_tokens=4)
+    _trainer(0).fit(stage2, _rl_dm(cache_dir))  # builds the network from rl1 and loads its weights
+    assert stage2.model.config.n_embd == TINY["n_embd"] and stage2.model.config.n_layer == TINY["n_layer"]
+    for (name, p1), p2 in zip(stage1.model.state_dict().items(), stage2.model.state_dict().values()):
+        assert torch.equal(p1, p2), name
+
+
 def test_rl_refuses_tokenizer_mismatch(tmp_path, cache_dir):
     ckpt = _sft_ckpt(tmp_path, cache_dir, fidelity=1.0, family="language")
     with pytest.raises(ValueError, match="--model.init_checkpoint .* different tokenizer"):

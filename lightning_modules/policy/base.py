@@ -102,6 +102,9 @@ def _global_rng_seeded(seed: int, device: torch.device):
         _set_global_rng_state(state, device)
 
 
+# the hyperparameters that fix the policy network; an init checkpoint's win over the config's
+ARCHITECTURE_KEYS = ("backbone", "n_layer", "n_embd", "n_head", "max_positions")
+
 class PolicyLMBase(LightningModule):
     """Base of `PolicySFTModule` / `PolicyRLModule` (not used on its own)."""
 
@@ -150,8 +153,11 @@ class PolicyLMBase(LightningModule):
             # its backbone, a truncated one as a raw PytorchStreamReader error naming neither file nor flag
             ckpt = load_checked(hp["init_checkpoint"], "--model.init_checkpoint", POLICY_CLASSES)
             self._check_checkpoint(ckpt)
-            for k in ("backbone", "n_layer", "n_embd", "n_head", "max_positions"):  # the checkpoint's architecture
+            for k in ARCHITECTURE_KEYS:  # the checkpoint's architecture
                 hp[k] = ckpt["hyper_parameters"].get(k, hp[k])
+            # ...and this module's checkpoints say so: a stage started from this one (temporal stage 2 from stage 1)
+            # reads its architecture from here, not from its own config's defaults (a tiny GPT-2 for a SmolLM2)
+            self.hparams.update({k: hp[k] for k in ARCHITECTURE_KEYS})
         self.model = build_causal_lm(hp["backbone"], self.tokenizer, hp["n_layer"], hp["n_embd"], hp["n_head"],
                                      hp["max_positions"], hp["dropout"])
         if ckpt is not None:
