@@ -109,6 +109,7 @@ class StageClock(pl.Callback):
                   if k in ("train/pref_loss", "train/anchor_loss", "train/grm_reg")}
         RECORD["steps"].append({**self._stop(), **logged})
 
+    # an evaluation pass, validation or test: the same clock, the kind read from the trainer's state
     def on_validation_epoch_start(self, trainer, pl_module):
         self._start()
 
@@ -116,16 +117,11 @@ class StageClock(pl.Callback):
         self._count(batch)
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        RECORD["evals"].append({"kind": "validation", **self._stop()})
+        RECORD["evals"].append({"kind": "test" if trainer.testing else "validation", **self._stop()})
 
-    def on_test_epoch_start(self, trainer, pl_module):
-        self._start()
-
-    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-        self._count(batch)
-
-    def on_test_epoch_end(self, trainer, pl_module):
-        RECORD["evals"].append({"kind": "test", **self._stop()})
+    on_test_epoch_start = on_validation_epoch_start
+    on_test_batch_start = on_validation_batch_start
+    on_test_epoch_end = on_validation_epoch_end
 
 
 # ---- the protocol's own stages ---------------------------------------------------------------------------------

@@ -105,6 +105,7 @@ def _global_rng_seeded(seed: int, device: torch.device):
 # the hyperparameters that fix the policy network; an init checkpoint's win over the config's
 ARCHITECTURE_KEYS = ("backbone", "n_layer", "n_embd", "n_head", "max_positions")
 
+
 class PolicyLMBase(LightningModule):
     """Base of `PolicySFTModule` / `PolicyRLModule` (not used on its own)."""
 
