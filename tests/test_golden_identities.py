@@ -64,13 +64,33 @@ def _normalised_digest(identity: dict, extra: dict[str, str] = {}) -> str:
     return digest(json.loads(_placeholders(json.dumps(identity, sort_keys=True, default=str), extra)))
 
 
-def w2s_identities(path: str, first_seed_only: bool = False) -> dict[str, str]:
-    """`seed<k>/<stage>` -> digest of the stage's identity (upstream stages by name) for one W2S config."""
+def clean_checkout_view(tmp: str) -> str:
+    """A folder that shows the repository as a fresh clone does: a link to each top-level entry git tracks, and
+    nothing else. The configs name their files relative to the repository, and a stage's identity hashes the files
+    behind its data options, so the pin must not depend on what a machine has written into ignored folders (e.g.
+    the advice benchmark's `runs/bench/advice`, present on one machine and absent on another)."""
+    import subprocess
+
+    view = os.path.join(tmp, "checkout")
+    if os.path.isdir(view):
+        return view
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    os.makedirs(view)
+    for name in sorted({f.split("/", 1)[0] for f in tracked.decode().split("\0") if f}):
+        if os.path.exists(os.path.join(ROOT, name)):
+            os.symlink(os.path.join(ROOT, name), os.path.join(view, name))
+    return view
+
+
+def w2s_identities(path: str, tmp: str, first_seed_only: bool = False) -> dict[str, str]:
+    """`seed<k>/<stage>` -> digest of the stage's identity (upstream stages by name) for one W2S config, as a fresh
+    clone computes it (`clean_checkout_view`)."""
     from protocols.w2s import parse
     from protocols.w2s_stages import identity_of, plan_stages, stage_key
 
+    view = clean_checkout_view(tmp)
     cwd = os.getcwd()
-    os.chdir(ROOT)  # the configs name their files relative to the repository
+    os.chdir(view)  # the configs name their files relative to the repository
     try:
         p = parse(["--config", path])
         out = {}
@@ -79,7 +99,8 @@ def w2s_identities(path: str, first_seed_only: bool = False) -> dict[str, str]:
                 continue
             stage.config = resolve_cli_config(stage.args + stage.location_args("fit"))
             upstream = {name: {"identity": "<upstream>", "run": "<run>"} for name in stage.upstream}
-            out[stage_key(stage)] = _normalised_digest(identity_of(stage, upstream), {p.out_dir: "<out_dir>"})
+            out[stage_key(stage)] = _normalised_digest(identity_of(stage, upstream),
+                                                       {p.out_dir: "<out_dir>", view: "<repo>"})
         return out
     finally:
         os.chdir(cwd)
@@ -116,7 +137,7 @@ def all_identities(tmp: str, fast: bool = False) -> dict[str, dict[str, str]]:
     from protocols.mixture import EXPERIMENTS
 
     configs = [os.path.join(ROOT, c) for c in FAST_W2S] if fast else W2S_CONFIGS
-    out = {f"w2s:{os.path.relpath(p, ROOT)}": w2s_identities(p, first_seed_only=fast) for p in configs}
+    out = {f"w2s:{os.path.relpath(p, ROOT)}": w2s_identities(p, tmp, first_seed_only=fast) for p in configs}
     seeds = (0,) if fast else (0, 1, 2)
     out.update({f"mixture:{name}": mixture_identities(name, tmp, seeds) for name in sorted(EXPERIMENTS)})
     return out
