@@ -257,12 +257,15 @@ class PolicyLMBase(LightningModule):
         return out
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def evaluate_batch(self, batch: dict) -> None:
+    def evaluate_batch(self, batch: dict) -> dict:
+        """Sample, parse and count one batch of held-out prompts; returns the parsed rows (`score`'s dict), which the
+        validation step hands to callbacks (`callbacks.completion_samples`: what the policy actually writes)."""
         comp, _ = self.sample(batch["input_ids"], batch["attention_mask"], self.hparams.eval_temperature,
                               generator=self._evaluation_generator(batch["sample_idx"]))
         s = self.score(comp, batch["records"])
         self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"],
                            s["shifted"])
+        return s
 
     def finish_evaluation(self, prefix: str = "val", log: bool = True) -> dict[str, float]:
         counts = {k: v.detach().cpu() for k, v in self.metric.compute().items()}

@@ -240,8 +240,8 @@ class PolicyRLModule(PolicyLMBase):
         the callback's FrozenReference holds the copy in `.model`."""
         return getattr(getattr(self.frozen_reference, "reference", None), "model", None)
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self.evaluate_batch(batch)
+    def validation_step(self, batch: dict, batch_idx: int) -> dict:
+        return self.evaluate_batch(batch)
 
     def on_validation_epoch_end(self) -> None:
         self.finish_evaluation("val")

@@ -129,10 +129,9 @@ class PolicySFTModule(PolicyLMBase):
         probs = prescribed
         self.fidelity_metric.update(torch.tensor(keys), torch.tensor(cells), probs)
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: dict, batch_idx: int) -> Optional[dict]:
         self.fidelity_batch(batch["records"])
-        if self.hparams.eval_generate:
-            self.evaluate_batch(batch)
+        return self.evaluate_batch(batch) if self.hparams.eval_generate else None
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
