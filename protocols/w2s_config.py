@@ -220,8 +220,9 @@ class W2SProtocol:
             validation split (read with the response-only shortcut probe) is closest to the target; the choice,
             every candidate's figures and the chosen teacher's structure go to the stage's result.json and the
             table. null: the teacher is fitted once, as `teacher_args` say.
-        student_checkpoint: "last" (default: selecting students on gold validation labels would leak gold
-            supervision into W2S) or "best".
+        student_checkpoint: "last" (default: the end of training, no checkpoint chosen) or "best" (the checkpoint
+            with the best gold validation accuracy: the id_val rule, which reads the validation split's gold labels;
+            docs/w2s.md, selection rules). A method's own `checkpoint` overrides it.
         drift: add the drift-diagnostics callback to student stages and report its final values.
         extra_teachers: more weak teachers per seed, [{name, args}] (`ExtraTeacher`): each fitted on the teacher
             half with gold labels, as the main teacher (its config files, `teacher_args`, then its own `args`; no
