@@ -49,3 +49,10 @@ def test_five_seed_baseline_comparison_table(tmp_path):
     80 min on 2 quiet cores (w2s_small_vocab's stages, then 14 fits and 10 evaluations per seed)."""
     run_and_compare("configs/experiment/w2s_baselines.yaml", "w2s-baselines", tmp_path / "w2s_baselines",
                     results="results_baselines.md")
+
+
+def test_smollm2_student_table(tmp_path):
+    """Issue 37's Part A on a real pretrained student (docs/results.md `w2s-smollm2`: SmolLM2-135M-Instruct over the
+    MiniLM teacher, 3 seeds, id_val selection) — about 2.5 h on one quiet core, plus the one-time conversion of the
+    packaged GGUF (docs/models.md). The test splits are a seeded 100 pairs each, so 1 point is one pair."""
+    run_and_compare("configs/experiment/w2s_smollm2.yaml", "w2s-smollm2", tmp_path / "w2s_smollm2")
