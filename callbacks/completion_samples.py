@@ -21,6 +21,7 @@ from typing import Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from callbacks.persona_tracking import evaluation_step, tracking_dir
 from lightning_modules.policy.mixture_metrics import NO_PERSONA
 
 
@@ -61,11 +62,9 @@ class CompletionSamples(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero or not self._kept:
             return
-        step = 0 if trainer.sanity_checking else int(getattr(pl_module, "rl_step", pl_module.global_step))
-        directory = self.dirpath or (trainer.logger.log_dir if trainer.logger is not None and trainer.logger.log_dir
-                                     else trainer.default_root_dir)
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, "completion_samples.jsonl"), "a", encoding="utf-8") as f:
+        step = 0 if trainer.sanity_checking else evaluation_step(pl_module)
+        path = os.path.join(tracking_dir(self.dirpath, trainer), "completion_samples.jsonl")
+        with open(path, "a", encoding="utf-8") as f:
             for dist, rows in self._kept.items():
                 for row in rows:
                     f.write(json.dumps({"step": step, "distribution": dist, **row}, ensure_ascii=False) + "\n")

@@ -20,6 +20,19 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning_modules.policy.mixture_metrics import persona_rewards
 
 
+def evaluation_step(pl_module: LightningModule) -> int:
+    """The step an evaluation is recorded at: the RL step of an RL module, else the global step."""
+    return int(pl_module.rl_step) if hasattr(pl_module, "rl_step") else int(pl_module.global_step)
+
+
+def tracking_dir(explicit: Optional[str], trainer: Trainer) -> str:
+    """Where a tracking callback writes: `explicit`, else the logger's log_dir, else trainer.default_root_dir
+    (created)."""
+    d = explicit or getattr(trainer.logger, "log_dir", None) or trainer.default_root_dir
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
 class PersonaTrackingCallback(Callback):
     """Track persona shares, accuracy and refusal on every distribution over RL steps.
 
@@ -40,15 +53,11 @@ class PersonaTrackingCallback(Callback):
         self.history: list[dict] = []
         self.theory: Optional[dict] = None
 
-    @staticmethod
-    def _step(pl_module: LightningModule) -> int:
-        return int(pl_module.rl_step) if hasattr(pl_module, "rl_step") else int(pl_module.global_step)
-
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         ev = getattr(pl_module, "last_eval", None)
         if ev is None:
             return
-        step = 0 if ev["sanity"] else self._step(pl_module)
+        step = 0 if ev["sanity"] else evaluation_step(pl_module)
         entry = {"step": step, "metrics": dict(ev["metrics"]), "counts": ev["counts"]}
         if self.history and self.history[-1]["step"] == step:
             self.history[-1] = entry
@@ -62,16 +71,14 @@ class PersonaTrackingCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------ outputs
     def _dir(self, trainer: Trainer) -> str:
-        d = self.output_dir or getattr(trainer.logger, "log_dir", None) or trainer.default_root_dir
-        os.makedirs(d, exist_ok=True)
-        return d
+        return tracking_dir(self.output_dir, trainer)
 
     def _log_figure(self, trainer: Trainer, pl_module: LightningModule, tag: str, fig) -> None:
         if fig is None or not trainer.is_global_zero:
             return
         exp = getattr(trainer.logger, "experiment", None)
         if exp is not None and hasattr(exp, "add_figure"):
-            exp.add_figure(tag, fig, global_step=self._step(pl_module), close=False)
+            exp.add_figure(tag, fig, global_step=evaluation_step(pl_module), close=False)
         fig.savefig(os.path.join(self._dir(trainer), tag.split("/")[-1] + ".png"), dpi=110)
         import matplotlib.pyplot as plt
 
