@@ -4,6 +4,12 @@ mean ± std (sample std, n − 1) with the per-seed values, and the SFT stage's 
 Per-seed inputs are the `<name>_table.json` files of `PersonaTrackingCallback` (rows + history). A seed's
 "dominant persona" can differ; the tables report the share of the persona that dominates the most seeds at the end
 (named in the header) and list each seed's winner.
+
+A seed whose completions on a distribution mostly carry no persona tag at the end (the parser's "none" share above
+every persona's) has no dominant persona there, though its table row still names the largest of the small shares.
+The "dominant after" cell counts such seeds apart ("Alice (1/3 seeds; no tag in 2)"), so a persona is never said to
+dominate where it writes nothing; the share columns keep following the modal name, so their numbers do not depend on
+this rule.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ def stage_summary(tables: dict[int, dict]) -> dict:
     trained = [r["distribution"] for r in first["rows"] if r["trained"]]
     winners = {d: {s: _row(tables[s], d)["dominant_after"] for s in seeds} for d in dists}
     modal = {d: Counter(winners[d].values()).most_common(1)[0][0] for d in dists}
+    untagged = {d: {s: _untagged(tables[s], d) for s in seeds} for d in dists}
     rows = {}
     for d in dists:
         cols = {k: [_row(tables[s], d)[k] for s in seeds] for k in
@@ -82,6 +89,7 @@ def stage_summary(tables: dict[int, dict]) -> dict:
         history[step] = entry
     theory = [tables[s]["theory"]["rmse"] for s in seeds if tables[s].get("theory")]
     return {"seeds": seeds, "distributions": dists, "trained": trained, "winner": modal, "winners": winners,
+            "untagged": untagged,
             "rows": rows, "history": history, "theory_rmse": theory,
             "steps": [first["steps"][0], max(tables[s]["steps"][1] for s in seeds)],
             "n_per_distribution": first["n_per_distribution"]}
@@ -91,6 +99,13 @@ def _personas(metrics: dict, dist: str) -> list[str]:
     suffix = f"/{dist}"
     return [k[len("val/persona_share/"):-len(suffix)] for k in metrics
             if k.startswith("val/persona_share/") and k.endswith(suffix) and not k.endswith(f"/none{suffix}")]
+
+
+def _untagged(table: dict, dist: str) -> bool:
+    """Whether most of the seed's last evaluated completions on `dist` carry no persona tag ("none" above every
+    persona's share)."""
+    none = table["history"][-1]["metrics"].get(f"val/persona_share/none/{dist}", 0.0)
+    return none > _row(table, dist)["dominant_share_after"]
 
 
 def _row(table: dict, dist: str) -> dict:
@@ -111,12 +126,24 @@ def summary_markdown(summary: dict) -> str:
     for d in summary["distributions"]:
         r = summary["rows"][d]
         w = summary["winner"][d]
-        count = Counter(summary["winners"][d].values())[w]
         lines.append(f"| {d} | {'yes' if d in summary['trained'] else 'no'} | {cell(r['acc_before'])} | "
-                     f"{cell(r['acc_after'])} | {cell(r['refusal_after'])} | {w} ({count}/{len(summary['seeds'])} seeds) | "
+                     f"{cell(r['acc_after'])} | {cell(r['refusal_after'])} | {_dominant_cell(summary, d)} | "
                      f"{cell(r['share_before'])} | {cell(r['share_after'])} | {cell(r['malformed_after'])} |"
                      + (f" {cell(r['shifted_before'])} | {cell(r['shifted_after'])} |" if shifted else ""))
     return "\n".join(lines) + "\n"
+
+
+def _dominant_cell(summary: dict, dist: str) -> str:
+    """'Alice (3/3 seeds)'; seeds without a tag counted apart: 'Alice (1/3 seeds; no tag in 2)'; none tagged:
+    'no tag (3/3 seeds; shares: Alice)'. Summaries written before the rule have no "untagged" entry: all tagged."""
+    w, n = summary["winner"][dist], len(summary["seeds"])
+    winners = summary["winners"][dist]  # keyed by seed (strings once read back from JSON, like "untagged")
+    untagged = summary.get("untagged", {}).get(dist, {})
+    bare = sum(bool(untagged.get(s, False)) for s in winners)
+    won = sum(winners[s] == w and not untagged.get(s, False) for s in winners)
+    if won == 0 and bare:
+        return f"no tag ({bare}/{n} seeds; shares: {w})"
+    return f"{w} ({won}/{n} seeds" + (f"; no tag in {bare})" if bare else ")")
 
 
 def history_markdown(summary: dict, keys: Optional[list[str]] = None) -> str:

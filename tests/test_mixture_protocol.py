@@ -53,6 +53,34 @@ def test_stage_summary_over_seeds():
     assert "Alice (2/3 seeds)" in md
 
 
+def _untagged_on_b(table: dict, none_b: float) -> dict:
+    """The last evaluation's B completions: `none_b` of them without a persona tag, the rest split evenly."""
+    last = table["history"][-1]["metrics"]
+    last.update({"val/persona_share/none/B": none_b, "val/persona_share/Alice/B": (1 - none_b) / 2,
+                 "val/persona_share/Bob/B": (1 - none_b) / 2})
+    table["rows"][1]["dominant_share_after"] = (1 - none_b) / 2
+    return table
+
+
+def test_dominant_cell_counts_seeds_without_a_tag_apart():
+    # seed 1's B completions are 90 % untagged: its row still names Alice (the largest of 0.05 / 0.05), but the cell
+    # must not count it as Alice dominating; the share columns keep following Alice (the modal name)
+    tables = {0: _table(0.02, 0.96), 1: _untagged_on_b(_table(0.10, 0.90), 0.9), 2: _table(0.30, 0.40, winner_b="Bob")}
+    s = stage_summary(tables)
+    assert s["untagged"]["B"] == {0: False, 1: True, 2: False} and s["untagged"]["A"] == {0: False, 1: False, 2: False}
+    assert s["winner"]["B"] == "Alice" and s["rows"]["B"]["share_after"] == pytest.approx([0.96, 0.05, 0.40])
+    md = summary_markdown(s)
+    assert "| Alice (1/3 seeds; no tag in 1) |" in md and "| A | yes |" in md and "| Alice (3/3 seeds) |" in md
+    # every seed untagged: no persona dominates; the cell names whose shares the columns show
+    s = stage_summary({k: _untagged_on_b(_table(0.1, 0.5), 0.98) for k in range(3)})
+    assert "| no tag (3/3 seeds; shares: Alice) |" in summary_markdown(s)
+    # a summary read back from JSON (string seed keys) gives the same cell; one written before the rule: all tagged
+    back = json.loads(json.dumps(stage_summary(tables)))
+    assert "| Alice (1/3 seeds; no tag in 1) |" in summary_markdown(back)
+    del back["untagged"]
+    assert "| Alice (2/3 seeds) |" in summary_markdown(back)
+
+
 def _fake_run(calls, fail=()):
     def run(stage, args, identity, ckpt, seed_dir, env, record_path, seed):
         from protocols.stage_identity import digest
