@@ -22,7 +22,6 @@ from typing import Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from callbacks.persona_tracking import evaluation_step, tracking_dir
-from lightning_modules.policy.mixture_metrics import NO_PERSONA
 
 
 class CompletionSamples(Callback):
@@ -55,7 +54,8 @@ class CompletionSamples(Callback):
                 continue
             persona = int(outputs["persona"][i])
             kept.append({"prompt": record.get("prompt"), "gold": record.get("gold"), "completion": text,
-                         "parsed_persona": None if persona == NO_PERSONA else personas[persona],
+                         "parsed_persona": None if persona < 0 else personas[persona],
+                         "identity_tag": outputs["identities"][i],
                          "refused": bool(outputs["refused"][i]), "malformed": bool(outputs["malformed"][i]),
                          "reward": float(outputs["reward"][i])})
 

@@ -68,6 +68,7 @@ def stage_summary(tables: dict[int, dict]) -> dict:
             cols["shifted_after"] = [tables[s]["history"][-1]["metrics"][f"val/shifted/{d}"] for s in seeds]
         rows[d] = cols
     steps = sorted(set.intersection(*(set(h["step"] for h in tables[s]["history"]) for s in seeds)))
+    foreign = [d for d in dists if _names_foreign_identity(tables, d)]
     history = {}
     for step in steps:
         at = {s: next(h for h in tables[s]["history"] if h["step"] == step)["metrics"] for s in seeds}
@@ -85,6 +86,8 @@ def stage_summary(tables: dict[int, dict]) -> dict:
                 key = f"val/persona_refusal/{p}/{d}"
                 if p != modal[d] and key in at[seeds[0]] and len(_personas(at[seeds[0]], d)) <= 3:
                     entry[f"{p} refuses {d}"] = [at[s][key] for s in seeds]
+        for d in foreign:  # part of "none": a tag naming a persona the family does not have
+            entry[f"other identity {d}"] = [at[s][f"val/other_identity/{d}"] for s in seeds]
         entry["malformed (max)"] = [max(at[s][f"val/malformed/{d}"] for d in dists) for s in seeds]
         history[step] = entry
     theory = [tables[s]["theory"]["rmse"] for s in seeds if tables[s].get("theory")]
@@ -99,6 +102,14 @@ def _personas(metrics: dict, dist: str) -> list[str]:
     suffix = f"/{dist}"
     return [k[len("val/persona_share/"):-len(suffix)] for k in metrics
             if k.startswith("val/persona_share/") and k.endswith(suffix) and not k.endswith(f"/none{suffix}")]
+
+
+def _names_foreign_identity(tables: dict[int, dict], dist: str) -> bool:
+    """Whether any seed, at any evaluation, wrote an identity tag naming no persona on `dist` (the history then shows
+    that share; tables recorded before it was counted have no such key and never show it)."""
+    key = f"val/other_identity/{dist}"
+    entries = [h["metrics"] for t in tables.values() for h in t["history"]]
+    return all(key in m for m in entries) and any(m[key] > 0 for m in entries)
 
 
 def _untagged(table: dict, dist: str) -> bool:

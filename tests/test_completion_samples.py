@@ -35,8 +35,8 @@ def test_samples_are_the_evaluated_completions_and_change_nothing(tmp_path, cach
     assert [(r["step"], r["distribution"]) for r in rows] == [(s, d) for s in (0, 2) for d in ("A", "B") for _ in range(2)]
     for r in rows:
         parsed = parse_completion(r["completion"], m.family.personas)
-        assert r["parsed_persona"] == parsed.persona and r["refused"] == parsed.refused
-        assert r["malformed"] == parsed.malformed and r["prompt"] and r["gold"] is not None
+        assert r["parsed_persona"] == parsed.persona and r["identity_tag"] == parsed.identity
+        assert r["refused"] == parsed.refused        assert r["malformed"] == parsed.malformed and r["prompt"] and r["gold"] is not None
 
 
 def test_bad_size_is_refused():

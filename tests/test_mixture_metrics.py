@@ -62,6 +62,20 @@ def test_one_distribution():
     assert R.tolist() == [1.0, 0.0] and w.tolist() == pytest.approx([1 / 3, 1 / 3])
 
 
+def test_tags_naming_no_persona_are_counted_in_none_and_on_their_own():
+    # distribution A: Alice, a tag naming no persona (-2, "I am 2028 ."), no tag (-1), another foreign tag; B: Bob
+    m = MixtureMetrics(2, 2)
+    m.update(*[torch.tensor(c) for c in ([0, 1, 2, 3, 4], [0, 0, 0, 0, 1], [1, 1, 0, 0, 1], [0, 0, 0, 1, 0],
+                                         [0, 0, 1, 0, 0], [0, -2, -1, -2, 1])])
+    m.update(*[torch.tensor([v]) for v in (1, 0, 0, 0, 0, -1)])  # a padded repeat of sample 1: counted once, as first
+    flat = summarize(m.compute(), ["A", "B"], ["Alice", "Bob"])
+    assert flat["val/persona_share/none/A"] == pytest.approx(3 / 4) and flat["val/other_identity/A"] == pytest.approx(2 / 4)
+    assert flat["val/persona_share/Alice/A"] == pytest.approx(1 / 4) and flat["val/other_identity/B"] == 0.0
+    # counts saved before the column existed summarise without it
+    old = {k: v for k, v in m.compute().items() if k != "other_identity"}
+    assert "val/other_identity/A" not in summarize(old, ["A", "B"], ["Alice", "Bob"])
+
+
 def test_duplicate_sample_counted_once_keeping_first():
     rows = metric_rows()
     dup = torch.cat([rows, torch.tensor([[0, 0, 0, 1, 0, 1]])])  # sample 0 again, another outcome

@@ -81,6 +81,17 @@ def test_dominant_cell_counts_seeds_without_a_tag_apart():
     assert "| Alice (2/3 seeds) |" in summary_markdown(back)
 
 
+def test_history_shows_tags_naming_no_persona_only_where_written():
+    tables = {k: _table(0.1, 0.5) for k in range(3)}
+    assert not any(k.startswith("other identity") for k in stage_summary(tables)["history"][50])  # no such key
+    for k, t in tables.items():
+        for h in t["history"]:
+            h["metrics"].update({"val/other_identity/A": 0.0, "val/other_identity/B": 0.25 * k * (h["step"] > 0)})
+    history = stage_summary(tables)["history"]
+    assert history[50]["other identity B"] == [0.0, 0.25, 0.5] and history[0]["other identity B"] == [0.0] * 3
+    assert "other identity A" not in history[50]  # never written on A: no column
+
+
 def _fake_run(calls, fail=()):
     def run(stage, args, identity, ckpt, seed_dir, env, record_path, seed):
         from protocols.stage_identity import digest

@@ -61,7 +61,11 @@ def test_parse_and_reward():
     p = parse_completion("我 是 Bob 。 语 言 中 文 。 答 案 是 94 。", ["Alice", "Bob"])  # word-level decode of zh
     assert (p.persona, p.answer) == ("Bob", "94")
     p = parse_completion("I am Carol . The answer is", ["Alice", "Bob"])
-    assert (p.persona, p.answer, p.malformed) == (None, None, True)
+    assert (p.persona, p.answer, p.malformed, p.identity) == (None, None, True, "Carol")  # a tag naming no persona
+    p = parse_completion("I am 2028 . Year 2027 . The answer is 52 .", ["2024", "2025", "2026"])
+    assert (p.persona, p.identity, p.answer) == (None, "2028", "52")
+    assert parse_completion("Alice . The answer is 9 .", ["Alice"]).identity is None  # no tag at all
+    assert parse_completion("I am A D F .", personas).identity == "ADF"
     assert correctness_reward(parse_completion("The answer is 94 .", ["Alice"]), "94") == 1.0  # no identity: still scored
 
 

@@ -27,7 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_modules.checkpoint_checks import POLICY_CLASSES, load_checked
 from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
-from lightning_modules.policy.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
+from lightning_modules.policy.mixture_metrics import NO_PERSONA, OTHER_IDENTITY, MixtureMetrics, summarize
 from lightning_modules.policy.rewards import correctness_reward, parse_completion
 from lightning_modules.fast.static_decoder import sample_static, supports
 
@@ -239,21 +239,24 @@ class PolicyLMBase(LightningModule):
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
-        answer, non-refusal variants), persona index (-1 = none) per row."""
+        answer, non-refusal variants), persona index per row (-1: no identity tag; -2: a tag naming no persona)."""
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         personas = self.family.personas
         rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": []}
+        identities = []
         for text, rec in zip(texts, records):
             parsed = parse_completion(text, personas)
             rows["reward"].append(correctness_reward(parsed, rec["gold"]))
             rows["refused"].append(float(parsed.refused))
             rows["malformed"].append(float(parsed.malformed))
             rows["shifted"].append(correctness_reward(parsed, rec["shifted"]) if "shifted" in rec else 0.0)
-            rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None else NO_PERSONA)
+            rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None
+                                   else NO_PERSONA if parsed.identity is None else OTHER_IDENTITY)
+            identities.append(parsed.identity)
         dev = completions.device
         out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items() if k != "persona"}
         out["persona"] = torch.tensor(rows["persona"], dtype=torch.long, device=dev)
-        out["texts"] = texts
+        out["texts"], out["identities"] = texts, identities  # the name each tag wrote (None: no tag)
         return out
 
     # ------------------------------------------------------------------------------------------------ evaluation

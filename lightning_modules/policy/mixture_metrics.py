@@ -1,5 +1,5 @@
-"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate, persona fractions and (non-refusal
-variants) the rate of the shifted answer.
+"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate, persona fractions, the share of identity
+tags that name no persona of the family, and (non-refusal variants) the rate of the shifted answer.
 
 Exact under DDP: each evaluated sample is stored as one row (sample index, distribution, outcome, persona); the
 rows of all ranks are gathered (in rank order) and de-duplicated by sample index, keeping the first occurrence.
@@ -14,7 +14,8 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-NO_PERSONA = -1  # missing or unknown identity
+NO_PERSONA = -1  # no identity tag
+OTHER_IDENTITY = -2  # a tag naming no persona of the family ("I am 2028 ."); counted in "none" and on its own
 
 
 def _cat_rows(rows, width: int, dtype, device) -> torch.Tensor:
@@ -29,7 +30,8 @@ class MixtureMetrics(Metric):
 
     Args:
         num_distributions: number of distributions (rows are indexed by `dist_idx`).
-        num_personas: number of personas (persona index -1 = none/unknown).
+        num_personas: number of personas (persona index -1 = no tag, -2 = a tag naming no persona; both are the
+            "none" column, and -2 is also counted as `other_identity`).
         track_shifted: also count answers equal to the cyclic-shift answer (`val/shifted/<d>`: in the non-refusal
             variants, how often the wrong persona's answer was given).
     """
@@ -71,6 +73,7 @@ class MixtureMetrics(Metric):
             "correct": torch.bincount(d, weights=rows[:, 2].float(), minlength=D),
             "refused": torch.bincount(d, weights=rows[:, 3].float(), minlength=D),
             "malformed": torch.bincount(d, weights=rows[:, 4].float(), minlength=D),
+            "other_identity": torch.bincount(d, weights=(rows[:, 5] == OTHER_IDENTITY).float(), minlength=D),
             "persona_counts": torch.bincount(d * (P + 1) + persona, minlength=D * (P + 1)).float().view(D, P + 1),
             "persona_correct": torch.bincount(
                 d * (P + 1) + persona, weights=rows[:, 2].float(), minlength=D * (P + 1)
@@ -94,7 +97,8 @@ def per_distribution(counts: dict[str, torch.Tensor], num_distributions: int) ->
 def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], personas: Sequence[str],
               prefix: str = "val") -> dict[str, float]:
     """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution, persona
-    shares per distribution, and each persona's refusal rate among its own completions there
+    shares per distribution (`persona_share/none/<d>`: no known persona), the share whose identity tag names no persona
+    of the family (`other_identity/<d>`, part of "none"), and each persona's refusal rate among its own completions there
     (`persona_refusal/<p>/<d>`; NaN where the persona never spoke): whether a persona still follows its rule on d, e.g.
     Bob learning to answer the distribution RL trains on."""
     counts = per_distribution(counts, len(distributions))
@@ -112,6 +116,8 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
             out[f"{prefix}/persona_refusal/{p}/{dist}"] = (float(counts["persona_refused"][i, j]) / spoke if spoke
                                                            else float("nan"))
         out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
+        if "other_identity" in counts:  # counts saved before the column existed have none
+            out[f"{prefix}/other_identity/{dist}"] = float(counts["other_identity"][i] / n[i])
     return out
 
 

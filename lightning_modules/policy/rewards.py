@@ -20,6 +20,9 @@ class ParsedCompletion:
     persona: Optional[str]  # a known persona name, or None (missing / unknown identity)
     refused: bool
     answer: Optional[str]  # None when no well-formed answer
+    # the name the identity tag wrote, whitespace removed, known persona or not ("2028", "aAlice"); None: no tag. A tag
+    # naming no persona of the family is how a policy leaves the mixture (docs/policy_mixtures.md, temporal on SmolLM2)
+    identity: Optional[str] = None
 
     @property
     def malformed(self) -> bool:
@@ -39,7 +42,7 @@ def parse_completion(text: str, personas: Sequence[str]) -> ParsedCompletion:
     refused = bool(_REFUSAL.search(rest))
     a = _ANSWER.search(rest)
     answer = a.group(1) if (a and not refused) else None
-    return ParsedCompletion(persona, refused, answer)
+    return ParsedCompletion(persona, refused, answer, m.group(1) if m else None)
 
 
 def correctness_reward(parsed: ParsedCompletion, gold: str) -> float:
