@@ -7,9 +7,10 @@ Per-seed inputs are the `<name>_table.json` files of `PersonaTrackingCallback` (
 
 A seed whose completions on a distribution mostly carry no persona tag at the end (the parser's "none" share above
 every persona's) has no dominant persona there, though its table row still names the largest of the small shares.
-The "dominant after" cell counts such seeds apart ("Alice (1/3 seeds; no tag in 2)"), so a persona is never said to
-dominate where it writes nothing; the share columns keep following the modal name, so their numbers do not depend on
-this rule.
+The "dominant after" cell counts such seeds apart ("Alice (1/3 seeds), no tag (2/3 seeds)"), so a persona is never
+said to dominate where it writes nothing. The share columns keep following the modal name over all seeds (the rule
+the published tables were made with, so their numbers do not change); the cell names it when it is not the tagged
+seeds' first ("...; shares: 2024").
 """
 from __future__ import annotations
 
@@ -145,16 +146,19 @@ def summary_markdown(summary: dict) -> str:
 
 
 def _dominant_cell(summary: dict, dist: str) -> str:
-    """'Alice (3/3 seeds)'; seeds without a tag counted apart: 'Alice (1/3 seeds; no tag in 2)'; none tagged:
-    'no tag (3/3 seeds; shares: Alice)'. Summaries written before the rule have no "untagged" entry: all tagged."""
+    """'Alice (3/3 seeds)' or 'Bob (2/3 seeds)' when every seed has a tag. With untagged seeds, each name is counted
+    over the tagged seeds and the untagged apart, and the persona whose shares the columns follow is named when it is
+    not the first listed: 'Alice (1/3 seeds), no tag (2/3 seeds)', '2026 (1/3 seeds), no tag (2/3 seeds); shares:
+    2024'. Summaries written before the rule have no "untagged" entry: every seed counts as tagged."""
     w, n = summary["winner"][dist], len(summary["seeds"])
     winners = summary["winners"][dist]  # keyed by seed (strings once read back from JSON, like "untagged")
     untagged = summary.get("untagged", {}).get(dist, {})
     bare = sum(bool(untagged.get(s, False)) for s in winners)
-    won = sum(winners[s] == w and not untagged.get(s, False) for s in winners)
-    if won == 0 and bare:
-        return f"no tag ({bare}/{n} seeds; shares: {w})"
-    return f"{w} ({won}/{n} seeds" + (f"; no tag in {bare})" if bare else ")")
+    if not bare:
+        return f"{w} ({Counter(winners.values())[w]}/{n} seeds)"
+    named = Counter(winners[s] for s in winners if not untagged.get(s, False)).most_common()
+    parts = [f"{name} ({count}/{n} seeds)" for name, count in named] + [f"no tag ({bare}/{n} seeds)"]
+    return ", ".join(parts) + ("" if named and named[0][0] == w else f"; shares: {w}")
 
 
 def history_markdown(summary: dict, keys: Optional[list[str]] = None) -> str:

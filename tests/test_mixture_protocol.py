@@ -70,13 +70,17 @@ def test_dominant_cell_counts_seeds_without_a_tag_apart():
     assert s["untagged"]["B"] == {0: False, 1: True, 2: False} and s["untagged"]["A"] == {0: False, 1: False, 2: False}
     assert s["winner"]["B"] == "Alice" and s["rows"]["B"]["share_after"] == pytest.approx([0.96, 0.05, 0.40])
     md = summary_markdown(s)
-    assert "| Alice (1/3 seeds; no tag in 1) |" in md and "| A | yes |" in md and "| Alice (3/3 seeds) |" in md
+    assert "| Alice (1/3 seeds), Bob (1/3 seeds), no tag (1/3 seeds) |" in md and "| Alice (3/3 seeds) |" in md
     # every seed untagged: no persona dominates; the cell names whose shares the columns show
     s = stage_summary({k: _untagged_on_b(_table(0.1, 0.5), 0.98) for k in range(3)})
-    assert "| no tag (3/3 seeds; shares: Alice) |" in summary_markdown(s)
+    assert "| no tag (3/3 seeds); shares: Alice |" in summary_markdown(s)
+    # the only tagged seed's winner is not the modal name (the untagged seeds' tie of small shares named Alice)
+    s = stage_summary({0: _untagged_on_b(_table(0.1, 0.5), 0.9), 1: _untagged_on_b(_table(0.1, 0.5), 0.9),
+                       2: _table(0.30, 0.40, winner_b="Bob")})
+    assert s["winner"]["B"] == "Alice" and "| Bob (1/3 seeds), no tag (2/3 seeds); shares: Alice |" in summary_markdown(s)
     # a summary read back from JSON (string seed keys) gives the same cell; one written before the rule: all tagged
     back = json.loads(json.dumps(stage_summary(tables)))
-    assert "| Alice (1/3 seeds; no tag in 1) |" in summary_markdown(back)
+    assert "| Alice (1/3 seeds), Bob (1/3 seeds), no tag (1/3 seeds) |" in summary_markdown(back)
     del back["untagged"]
     assert "| Alice (2/3 seeds) |" in summary_markdown(back)
 
