@@ -81,3 +81,14 @@ def at_step(summary_: dict, step: int, key: str) -> float:
 
 def winners(summary_: dict, dist: str) -> set:
     return set(summary_["winners"][dist].values())
+
+
+def seed_metrics(experiment: str, stage: str, root) -> dict[int, dict[int, dict]]:
+    """{seed: {step: metrics}} from each seed's own table (`PersonaTrackingCallback`'s `<stage>_table.json`, the path its
+    stage record names): every tracked key per persona, where the over-seeds history keeps only the modal persona's."""
+    records = results(experiment, root)["stages"][stage]["records"]
+    out = {}
+    for seed in SEEDS:
+        with open(records[str(seed)]["table"]) as f:
+            out[seed] = {h["step"]: h["metrics"] for h in json.load(f)["history"]}
+    return out

@@ -10,6 +10,10 @@ reasoning):
 2. The headline claims hold for the means over seeds, each threshold several standard deviations of a 3-seed mean
    (σ/√3, σ measured) away from the measured mean; the margins are noted beside them.
 
+The temporal family on SmolLM2 (`python -m protocols.mixture temporal_smollm2`: SFT, then persona-token GRPO on 2025,
+then on 2026) is checked the same way: its two marked tables, and claims on every seed's own evaluation history
+(`seed_metrics`), since its seeds select different personas and the over-seeds history keeps only the modal one.
+
 The claims read step 10 of the evaluation history, where selection and collapse are measured, and the persona-token
 stage's end. They do not read the persona share after step 10 of the full-sequence stages: from step 20-40 on the
 fine-tuned model writes its tag in forms the parser does not read ("Alice . The answer is ...", docs/policy_mixtures.md),
@@ -19,11 +23,13 @@ import math
 
 import pytest
 
-from tests.mixture_results import at_step, per_seed_at_step, results, rl_stages, summary, table_problems
+from tests.mixture_results import at_step, per_seed_at_step, results, rl_stages, seed_metrics, summary, table_problems
 
-# the experiment runs inside the first test that needs it: ~95 min on 2 quiet cores, 3 h of headroom for busy ones
+# each experiment runs inside the first test that needs it: ~95 min (two policies) and ~2 h (temporal) on 2 quiet
+# cores, with 3 h of headroom each for busy ones
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600)]
 EXPERIMENT = "two_policies_smollm2"
+TEMPORAL = "temporal_smollm2"
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +37,9 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("mixture_smollm2")
 
 
-@pytest.mark.parametrize("stage", rl_stages(EXPERIMENT))
-def test_documented_table_is_reproduced(root, stage):
-    assert table_problems(EXPERIMENT, stage, root) == []
+@pytest.mark.parametrize("experiment, stage", [(e, s) for e in (EXPERIMENT, TEMPORAL) for s in rl_stages(e)])
+def test_documented_table_is_reproduced(root, experiment, stage):
+    assert table_problems(experiment, stage, root) == []
 
 
 def test_sft_passes_the_fidelity_gate_in_every_seed(root):
@@ -70,3 +76,32 @@ def test_full_sequence_rl_then_unlearns_the_refusal_in_most_runs(root):
     eroded = sum(v >= 0.5 for stage, key in held_out.items()
                  for v in per_seed_at_step(summary(EXPERIMENT, stage, root), 60, key) if not math.isnan(v))
     assert eroded >= 3
+
+
+def test_temporal_sft_passes_the_fidelity_gate_in_every_seed(root):
+    records = results(TEMPORAL, root)["stages"]["sft"]["records"]
+    # measured: stop at step 75, fidelity mean 0.986 / 0.999 / 0.999, worst cell 0.964-0.996, capability 0.96-0.98
+    assert all(r["status"] == "done" and r["sft"]["fidelity_mean"] >= 0.97 for r in records.values()), records
+
+
+def test_temporal_rl_on_2025_selects_an_answering_persona_and_2026_follows(root):
+    """Step 10 of GRPO on 2025 (160 rollouts): one of the two personas that answer 2025 (cut-off 2025 or 2026) writes
+    nearly all of 2025's completions, and 2026, never trained, is answered."""
+    runs = seed_metrics(TEMPORAL, "temporal_rl_2025", root)
+    # measured, per seed: the selected persona's share on 2025 0.94 (2026), 1.00 (2026), 1.00 (2025)
+    for seed, steps in runs.items():
+        assert max(steps[10][f"val/persona_share/{p}/2025"] for p in ("2025", "2026")) >= 0.85, seed
+    acc = {d: [[steps[k][f"val/acc/{d}"] for steps in runs.values()] for k in (0, 10)] for d in ("2025", "2026")}
+    # measured: acc 2025 0.61 -> 0.97 ± 0.02; acc 2026 0.31 ± 0.10 -> 0.94 ± 0.03 (0.91, 0.95, 0.97)
+    assert sum(acc["2025"][1]) / 3 > sum(acc["2025"][0]) / 3 + 0.2
+    assert sum(acc["2026"][1]) / 3 >= 0.8 and sum(acc["2026"][0]) / 3 <= 0.5
+
+
+def test_temporal_policy_leaves_the_mixture_and_answers_2027(root):
+    """Then the identity tag leaves the mixture, and 2027 — past every persona's cut-off, refused by every one of them —
+    is answered: in every seed by step 30. The tiny GPT-2 never answered 2027 (tests/test_mixture_slow.py)."""
+    runs = seed_metrics(TEMPORAL, "temporal_rl_2025", root)
+    # measured at step 30, per seed: "none" on 2027 1.00, 1.00, 1.00; acc 2027 0.92, 0.97, 0.92 (at step 0: 0.00-0.03)
+    assert all(steps[30]["val/persona_share/none/2027"] >= 0.8 for steps in runs.values())
+    assert sum(steps[30]["val/acc/2027"] >= 0.5 for steps in runs.values()) >= 2
+    assert all(steps[0]["val/acc/2027"] <= 0.1 for steps in runs.values())
