@@ -56,3 +56,12 @@ def test_smollm2_student_table(tmp_path):
     MiniLM teacher, 3 seeds, id_val selection) — about 2.5 h on one quiet core, plus the one-time conversion of the
     packaged GGUF (docs/models.md). The test splits are a seeded 100 pairs each, so 1 point is one pair."""
     run_and_compare("configs/experiment/w2s_smollm2.yaml", "w2s-smollm2", tmp_path / "w2s_smollm2")
+
+
+def test_smollm2_student_advice_table(tmp_path):
+    """Issue 37's second benchmark for the SmolLM2 student (docs/results.md `w2s-smollm2-advice`: the advice benchmark
+    of the regime table, its fitted MiniLM teacher, 3 seeds, id_val selection) — about 2.5 h on one quiet core. The
+    benchmark's hub-schema files are written first, as its config's header says (deterministic: seed 0)."""
+    subprocess.run([sys.executable, "-m", "datamodules.preference.write_hub_benchmark", "--benchmark", "advice",
+                    "--out", "runs/bench/advice"], cwd=ROOT, check=True)
+    run_and_compare("configs/experiment/w2s_smollm2_advice.yaml", "w2s-smollm2-advice", tmp_path / "w2s_smollm2_advice")
