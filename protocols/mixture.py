@@ -135,6 +135,9 @@ EXPERIMENTS: dict[str, Experiment] = {
 EXPERIMENTS["two_policies_smollm2"] = on_smollm2(
     EXPERIMENTS["two_policies"], "two_policies_smollm2",
     "The two-policy experiment with a real pretrained chat model (SmolLM2-135M-Instruct, full fine-tuning, CPU-sized).")
+EXPERIMENTS["two_policies_algorithms_smollm2"] = on_smollm2(  # same family: the SFT and β = 0 stage are reused
+    EXPERIMENTS["two_policies_algorithms"], "two_policies_smollm2",
+    "Full-sequence RL on A with SmolLM2-135M-Instruct as the policy: the algorithm and the KL to the SFT model.")
 EXPERIMENTS["temporal_smollm2"] = on_smollm2(
     EXPERIMENTS["temporal"], "temporal_smollm2",
     "The temporal family (sequential RL on 2025 then 2026) with SmolLM2-135M-Instruct as the policy, CPU-sized.")
