@@ -36,7 +36,8 @@ def test_samples_are_the_evaluated_completions_and_change_nothing(tmp_path, cach
     for r in rows:
         parsed = parse_completion(r["completion"], m.family.personas)
         assert r["parsed_persona"] == parsed.persona and r["identity_tag"] == parsed.identity
-        assert r["refused"] == parsed.refused        assert r["malformed"] == parsed.malformed and r["prompt"] and r["gold"] is not None
+        assert r["refused"] == parsed.refused
+        assert r["malformed"] == parsed.malformed and r["prompt"] and r["gold"] is not None
 
 
 def test_bad_size_is_refused():
