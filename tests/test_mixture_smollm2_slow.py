@@ -20,6 +20,7 @@ fine-tuned model writes its tag in forms the parser does not read ("Alice . The 
 so that column reads 0 while the behaviour columns stay meaningful.
 """
 import math
+import statistics
 
 import pytest
 
@@ -78,6 +79,11 @@ def test_full_sequence_rl_then_unlearns_the_refusal_in_most_runs(root):
     assert eroded >= 3
 
 
+def _mean_at(runs: dict[int, dict[int, dict]], step: int, key: str) -> float:
+    """Mean over seeds of one metric at one evaluation step of `seed_metrics`' per-seed histories."""
+    return statistics.fmean(steps[step][key] for steps in runs.values())
+
+
 def test_temporal_sft_passes_the_fidelity_gate_in_every_seed(root):
     records = results(TEMPORAL, root)["stages"]["sft"]["records"]
     # measured: stop at step 75, fidelity mean 0.986 / 0.999 / 0.999, worst cell 0.964-0.996, capability 0.96-0.98
@@ -91,10 +97,9 @@ def test_temporal_rl_on_2025_selects_an_answering_persona_and_2026_follows(root)
     # measured, per seed: the selected persona's share on 2025 0.94 (2026), 1.00 (2026), 1.00 (2025)
     for seed, steps in runs.items():
         assert max(steps[10][f"val/persona_share/{p}/2025"] for p in ("2025", "2026")) >= 0.85, seed
-    acc = {d: [[steps[k][f"val/acc/{d}"] for steps in runs.values()] for k in (0, 10)] for d in ("2025", "2026")}
     # measured: acc 2025 0.61 -> 0.97 ± 0.02; acc 2026 0.31 ± 0.10 -> 0.94 ± 0.03 (0.91, 0.95, 0.97)
-    assert sum(acc["2025"][1]) / 3 > sum(acc["2025"][0]) / 3 + 0.2
-    assert sum(acc["2026"][1]) / 3 >= 0.8 and sum(acc["2026"][0]) / 3 <= 0.5
+    assert _mean_at(runs, 10, "val/acc/2025") > _mean_at(runs, 0, "val/acc/2025") + 0.2
+    assert _mean_at(runs, 10, "val/acc/2026") >= 0.8 and _mean_at(runs, 0, "val/acc/2026") <= 0.5
 
 
 def test_temporal_policy_leaves_the_mixture_and_answers_2027(root):
