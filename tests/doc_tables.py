@@ -37,6 +37,16 @@ def first_table(markdown: str) -> str:
     return "\n".join(lines[start:end]) + "\n"
 
 
+def table_after(markdown: str, heading: str) -> str:
+    """The first Markdown table after the first line that starts with `heading`: a report's later tables (the
+    `weak_val` table below the `id_val` one) compared as the headline one is."""
+    lines = markdown.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith(heading)), None)
+    if start is None:
+        raise AssertionError(f"no line starting with {heading!r} in:\n{markdown[:500]}")
+    return first_table("\n".join(lines[start + 1:]))
+
+
 def parse_table(markdown: str) -> dict[str, dict[str, float]]:
     """{row label: {column header: first number in the cell}}; cells without a number (–, 0 rows) are skipped
     except a bare 0. The first column is the row label."""

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from tests.doc_tables import ROOT, documented_table, first_table, parse_mean_std_table, parse_table, table_differences
+from tests.doc_tables import (ROOT, documented_table, first_table, parse_mean_std_table, parse_table, table_after,
+                               table_differences)
 
 TABLE = """| method | ID acc | WRG | PGR |
 |---|---|---|---|
@@ -26,6 +27,14 @@ def test_first_table_stops_at_the_first_table_of_a_report():
     report = "What to look for: ...\n\n" + TABLE + "\nThe teacher's labels:\n\n| seed | error rate |\n|---|---|\n| 0 | 0.101 |\n"
     assert first_table(report) == TABLE
     assert parse_table(first_table(report)) == parse_table(TABLE)  # the second table's rows would be 'seed', '---', '0'
+
+
+def test_table_after_takes_the_first_table_below_its_heading():
+    second = "| method | ID acc |\n|---|---|\n| naive | 91.5 |\n"
+    report = TABLE + "\nSelection `weak_val` (no gold):\n\n- anchor: seed 0: 10\n\n" + second + "\nMore:\n\n" + TABLE
+    assert parse_table(table_after(report, "Selection `weak_val`")) == {"naive": {"ID acc": 91.5}}
+    with pytest.raises(AssertionError, match="no line starting with"):
+        table_after(report, "Selection `oracle`")
 
 
 def test_table_differences_names_each_cell_out_of_tolerance():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.doc_tables import ROOT, documented_table, first_table, parse_table, table_differences
+from tests.doc_tables import ROOT, documented_table, first_table, parse_table, table_after, table_differences
 
 # setup.cfg's 900 s per-test timeout guards the fast suite; these runs take 5-45 min on 2 quiet cores
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600)]
@@ -25,14 +25,17 @@ def tolerance(column: str, value: float) -> float:
     return 1.0  # percent points
 
 
-def run_and_compare(config: str, table: str, out, results: str = "results.md") -> None:
+def run_and_compare(config: str, table: str, out, results: str = "results.md", later: dict | None = None) -> None:
     """Run a protocol config into `out` and compare its `results` (the set's stable name) with the table marked
-    `table` in docs/results.md."""
+    `table` in docs/results.md; `later` maps more marked tables to the report line they follow (the `weak_val` table
+    under its heading)."""
     subprocess.run([sys.executable, "-m", "protocols.w2s", "--config", config, f"--out_dir={out}"], cwd=ROOT, check=True)
-    measured = parse_table(first_table(open(os.path.join(out, results), encoding="utf-8").read()))
-    documented = parse_table(documented_table("results.md", table))
-    assert set(documented) == set(measured), (sorted(documented), sorted(measured))
-    assert table_differences(documented, measured, tolerance) == []
+    report = open(os.path.join(out, results), encoding="utf-8").read()
+    pairs = [(table, first_table(report))] + [(name, table_after(report, heading)) for name, heading in (later or {}).items()]
+    for name, markdown in pairs:
+        measured, documented = parse_table(markdown), parse_table(documented_table("results.md", name))
+        assert set(documented) == set(measured), (name, sorted(documented), sorted(measured))
+        assert table_differences(documented, measured, tolerance) == [], name
 
 
 def test_make_demo_reproduces_the_documented_table(tmp_path):
