@@ -68,3 +68,18 @@ def test_smollm2_student_advice_table(tmp_path):
     subprocess.run([sys.executable, "-m", "datamodules.preference.write_hub_benchmark", "--benchmark", "advice",
                     "--out", "runs/bench/advice"], cwd=ROOT, check=True)
     run_and_compare("configs/experiment/w2s_smollm2_advice.yaml", "w2s-smollm2-advice", tmp_path / "w2s_smollm2_advice")
+
+
+def test_budget_matched_helpful_tables(tmp_path):
+    """Issue 36 on the helpful benchmark (docs/results.md `w2s-budget-helpful` under `id_val`, `w2s-budget-helpful-weak-val`
+    under `weak_val`: the budget-matched controls, the reward-model regularisers and the weight averages beside ANCHOR,
+    5 seeds) — about 6 h on one quiet core (35 stages per seed, ~2 min each)."""
+    run_and_compare("configs/experiment/w2s_budget_matched.yaml", "w2s-budget-helpful", tmp_path / "w2s_budget",
+                    results="results_budget.md", later={"w2s-budget-helpful-weak-val": "Selection `weak_val`"})
+
+
+def test_multi_teacher_table(tmp_path):
+    """Issue 36's multi-teacher row (docs/results.md `w2s-multi-teacher`: naive, the best single teacher among four and
+    the student that learns weights over them, 5 seeds, id_val selection) — about 2 h on one quiet core."""
+    run_and_compare("configs/experiment/w2s_multi_teacher.yaml", "w2s-multi-teacher", tmp_path / "w2s_multi",
+                    results="results_multi_teacher.md")
