@@ -78,6 +78,17 @@ def test_budget_matched_helpful_tables(tmp_path):
                     results="results_budget.md", later={"w2s-budget-helpful-weak-val": "Selection `weak_val`"})
 
 
+def test_budget_matched_advice_tables(tmp_path):
+    """Issue 36 on the advice benchmark (docs/results.md `w2s-budget-advice` under `id_val`, `w2s-budget-advice-weak-val`
+    under `weak_val`: the helpful benchmark's rows and grids, unchanged, 5 seeds) — about 5 h on one quiet core (34
+    stages per seed, ~1 min each). The benchmark's hub-schema files are written first, as its config's header says."""
+    subprocess.run([sys.executable, "-m", "datamodules.preference.write_hub_benchmark", "--benchmark", "advice",
+                    "--out", "runs/bench/advice"], cwd=ROOT, check=True)
+    run_and_compare("configs/experiment/w2s_budget_matched_advice.yaml", "w2s-budget-advice",
+                    tmp_path / "w2s_budget_advice", results="results_budget.md",
+                    later={"w2s-budget-advice-weak-val": "Selection `weak_val`"})
+
+
 def test_multi_teacher_table(tmp_path):
     """Issue 36's multi-teacher row (docs/results.md `w2s-multi-teacher`: naive, the best single teacher among four and
     the student that learns weights over them, 5 seeds, id_val selection) — about 2 h on one quiet core."""
