@@ -36,6 +36,9 @@ def run_main(main: Callable[[Optional[list[str]]], Any], exit_code: Callable[[An
         sys.stderr.write(f"error: internal error {type(err).__name__}: {message_of(err)}\n(a defect: rerun with "
                          f"{DEBUG_FLAG} for the traceback and report it)\n")
         sys.exit(3)
+    from protocols.run_files import close_process_group
+
+    close_process_group()  # a finished DDP run exits 0 on every rank (see its docstring)
     sys.exit(exit_code(result))
 
 

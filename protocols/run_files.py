@@ -17,6 +17,19 @@ import warnings
 from typing import Callable
 
 
+def close_process_group() -> None:
+    """End the process group Lightning's DDP left open, on every rank, once the protocol has returned.
+
+    Lightning keeps the group alive after `fit` / `test`; left to interpreter shutdown, gloo's threads can be torn
+    down out of order and abort a finished run ("terminate called without an active exception", exit -6), which
+    a scheduler reads as a failed job. The barrier lets every rank finish its last collective first."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_global_zero() -> bool:
     """Whether this process is global rank 0, from its launcher's environment.
 
