@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, NoReturn, Optional
 
+from protocols.run_files import close_process_group
+
 DEBUG_FLAG = "--debug"
 # What a refusal raises: a bad flag or file (ValueError, OSError, KeyError), a state of the run folder
 # (RuntimeError: locks, unfinished stages, stale sets), SLURM answering no (RuntimeError), a wait that ran out.
@@ -36,8 +38,6 @@ def run_main(main: Callable[[Optional[list[str]]], Any], exit_code: Callable[[An
         sys.stderr.write(f"error: internal error {type(err).__name__}: {message_of(err)}\n(a defect: rerun with "
                          f"{DEBUG_FLAG} for the traceback and report it)\n")
         sys.exit(3)
-    from protocols.run_files import close_process_group
-
     close_process_group()  # a finished DDP run exits 0 on every rank (see its docstring)
     sys.exit(exit_code(result))
 
