@@ -3,9 +3,16 @@ its `PreTrainedTokenizerFast`, so `transformers.pipeline("text-generation")` rep
 
 The tokenizer is the one the run trained with: rebuilt from the checkpoint's datamodule hyperparameters (the
 word-level tokenizers are built from the family's vocabulary) and checked against the checkpoint's fingerprint.
-Our prompts are BOS + text when the tokenizer has no chat template; a word-level tokenizer gets a post-processor
-that writes that BOS, so `tokenizer(text)` (what the pipeline calls) gives the training ids. The generation
-config carries EOS, pad and the evaluation's token budget; greedy by default.
+How a prompt reaches the model is what the training code does (`encode_prompt`), and the card says how to ask the
+pipeline for the same ids:
+- a tokenizer with a chat template (SmolLM2, Qwen-Instruct): the prompt is the user turn of a chat, rendered by the
+  template with the generation prompt. The pipeline does this for a list of messages, not for a string: the card
+  passes `[{"role": "user", "content": prompt}]`.
+- no chat template: BOS + text. A word-level tokenizer gets a post-processor that writes that BOS, so
+  `tokenizer(text)` (what the pipeline calls on a string) gives the training ids.
+The generation config carries EOS, pad and the evaluation's token budget; greedy by default. The check runs the
+card's own call (the pipeline on the written directory) on held-out prompts and compares its prompt ids and greedy
+completions with the training code's.
 """
 from __future__ import annotations
 
@@ -20,10 +27,29 @@ import yaml
 from lightning_modules.export.reward_model import ExportError
 
 
+def uses_chat(tok) -> bool:
+    """Prompts go through the chat template (`encode_prompt`): the pipeline must be given messages."""
+    return bool(getattr(tok, "chat_template", None))
+
+
+def pipeline_input(tok, prompt: str):
+    """What the card passes to `pipeline("text-generation")` for one prompt: a one-turn chat, or the text."""
+    return [{"role": "user", "content": prompt}] if uses_chat(tok) else prompt
+
+
+def pipeline_prompt_ids(tok, prompt: str) -> list[int]:
+    """The ids `pipeline("text-generation")` feeds the model for `pipeline_input(tok, prompt)` (its preprocess:
+    `apply_chat_template(..., add_generation_prompt=True)` for a chat, `tokenizer(text)` for a string)."""
+    if uses_chat(tok):
+        enc = tok.apply_chat_template(pipeline_input(tok, prompt), add_generation_prompt=True, return_dict=True)
+        return list(enc["input_ids"])
+    return tok(prompt)["input_ids"]
+
+
 def prompt_ids_match(tok, texts: list[str]) -> bool:
     from datamodules.triggers.datamodule import encode_prompt
 
-    return all(tok(t)["input_ids"] == encode_prompt(tok, t) for t in texts)
+    return all(pipeline_prompt_ids(tok, t) == encode_prompt(tok, t) for t in texts)
 
 
 def add_bos_on_encode(tok) -> None:
@@ -48,29 +74,41 @@ def check_prompts(dm, per_distribution: int = 2) -> list[dict]:
 
 @torch.no_grad()
 def greedy_ours(model, tok, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """Our evaluation's sampler, greedy, on the left-padded batch (the policy modules' path)."""
+    """Our evaluation's sampler, greedy, one prompt at a time (the policy modules' path; unpadded like the pipeline's
+    single prompts, so padding's float rounding cannot flip a near-tie between the two sides)."""
     from datamodules.triggers.datamodule import encode_prompt, left_pad
     from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 
-    ids, mask = left_pad([encode_prompt(tok, p) for p in prompts], tok.pad_token_id)
-    comp, cmask = sample_with_kv_cache(model, ids, mask, max_new_tokens, 0.0, tok.eos_token_id, tok.pad_token_id)
-    return [c[m.bool()].tolist() for c, m in zip(comp, cmask)]
+    out = []
+    for p in prompts:
+        ids, mask = left_pad([encode_prompt(tok, p)], tok.pad_token_id)
+        comp, cmask = sample_with_kv_cache(model, ids, mask, max_new_tokens, 0.0, tok.eos_token_id, tok.pad_token_id)
+        out.append(comp[0][cmask[0].bool()].tolist())
+    return out
 
 
 @torch.no_grad()
-def greedy_exported(model, tok, prompts: list[str]) -> list[list[int]]:
-    """What a plain transformers user runs: tokenizer(text), then `generate` with the saved generation config."""
-    out = []
+def greedy_exported(directory: str, prompts: list[str]) -> tuple[list[list[int]], list[str], object]:
+    """What the card tells a plain transformers user to run, on the written directory: `pipeline("text-generation")`
+    with the card's input (a chat or the text). Returns the completions' ids (to the first EOS), their texts, and
+    the loaded tokenizer."""
+    from transformers import pipeline
+
+    generate = pipeline("text-generation", model=directory)
+    tok = generate.tokenizer
+    ids, texts = [], []
     for p in prompts:
-        enc = tok(p, return_tensors="pt")
-        seq = model.generate(**enc)[0, enc["input_ids"].shape[1]:].tolist()
-        out.append(seq[: seq.index(tok.eos_token_id) + 1] if tok.eos_token_id in seq else seq)
-    return out
+        n = len(pipeline_prompt_ids(tok, p))
+        seq = generate(pipeline_input(tok, p), return_tensors=True)[0]["generated_token_ids"]
+        seq = list(seq[n:])
+        ids.append(seq[: seq.index(tok.eos_token_id) + 1] if tok.eos_token_id in seq else seq)
+        texts.append(generate(pipeline_input(tok, p), return_full_text=False)[0]["generated_text"])
+    return ids, texts, tok
 
 
 def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = False,
                   results: Optional[str] = None) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from datamodules.triggers.datamodule import TriggerDataModule
     from lightning_modules.policy.causal_lm import build_causal_lm, tokenizer_fingerprint
@@ -99,10 +137,11 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
 
     items = check_prompts(dm)
     prompts = [it["prompt"] for it in items]
-    if not getattr(tok, "chat_template", None) and not prompt_ids_match(tok, prompts):
+    if not uses_chat(tok) and not prompt_ids_match(tok, prompts):
         add_bos_on_encode(tok)
-    if not getattr(tok, "chat_template", None) and not prompt_ids_match(tok, prompts):
-        raise ExportError("the exported tokenizer cannot reproduce the training prompts' ids (BOS + text)")
+    if not prompt_ids_match(tok, prompts):
+        raise ExportError("the tokenizer cannot give `pipeline(\"text-generation\")` the training prompts' ids (" +
+                          ("the chat template's user turn + generation prompt" if uses_chat(tok) else "BOS + text") + ")")
     ours = greedy_ours(model, tok, prompts, gen.max_new_tokens)
 
     final_dir = os.path.abspath(out_dir)
@@ -112,18 +151,25 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         loaded_tok = AutoTokenizer.from_pretrained(tmp)
-        loaded = AutoModelForCausalLM.from_pretrained(tmp).eval()
-        theirs = greedy_exported(loaded, loaded_tok, prompts)
+        from datamodules.triggers.datamodule import encode_prompt
+
+        bad = [p for p in prompts if pipeline_prompt_ids(loaded_tok, p) != encode_prompt(tok, p)]
+        if bad:
+            raise ExportError(f"the saved tokenizer, loaded back, encodes {len(bad)} of {len(prompts)} held-out prompts "
+                              f"differently from training (e.g. {bad[0]!r}); nothing was written")
+        theirs, texts, loaded_tok = greedy_exported(tmp, prompts)
         same = sum(a == b for a, b in zip(ours, theirs))
         if same < len(prompts):
             raise ExportError(f"the exported policy's greedy completions differ from ours on {len(prompts) - same} "
                               f"of {len(prompts)} held-out prompts; nothing was written")
-        examples = [(it["dist"], it["prompt"], loaded_tok.decode(c, skip_special_tokens=True).strip())
-                    for it, c in zip(items, theirs)]
+        want = [loaded_tok.decode(c, skip_special_tokens=True) for c in ours]
+        if texts != want:
+            raise ExportError("the pipeline's texts differ from the decoded completions; nothing was written")
+        examples = [(it["dist"], it["prompt"], t.strip()) for it, t in zip(items, texts)]
         facts = {"kind": f"{type(model).__name__} + {type(loaded_tok).__name__}", "family": dm.family.name,
                  "personas": list(dm.family.personas), "distributions": list(dm.family.distributions),
                  "fidelity": ckpt.get("persona_fidelity"), "checked_prompts": len(prompts),
-                 "checkpoint": os.path.abspath(ckpt_path), "examples": examples}
+                 "checkpoint": os.path.abspath(ckpt_path), "examples": examples, "chat": uses_chat(tok)}
         with open(os.path.join(tmp, "README.md"), "w") as f:
             f.write(policy_card(final_dir, facts, prompts[0]))
         with open(os.path.join(tmp, "export.json"), "w") as f:
@@ -136,11 +182,18 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
 
 
 def policy_card(out_dir: str, facts: dict, prompt: str) -> str:
-    usage = f'''```python
+    if facts["chat"]:
+        call = f'[{{"role": "user", "content": {prompt!r}}}]'
+        how = ("The prompt is the user turn of a chat: pass it as a message list, so the pipeline renders it with "
+               "the tokenizer's chat template and generation prompt, as in training. A plain string would reach the "
+               "model without the template, which this policy never saw.\n\n")
+    else:
+        call, how = repr(prompt), ("The prompt is plain text (the tokenizer writes the BOS it was trained with).\n\n")
+    usage = how + f'''```python
 from transformers import pipeline
 
 generate = pipeline("text-generation", model={out_dir!r})
-print(generate({prompt!r}, return_full_text=False)[0]["generated_text"])
+print(generate({call}, return_full_text=False)[0]["generated_text"])
 ```
 
 Greedy decoding and the evaluation's token budget are the saved generation defaults; pass `do_sample=True` for the
@@ -152,8 +205,8 @@ mixture's sampled behaviour (the policies' evaluation uses temperature 1 to read
     summary = (f"A conditional policy mixture (family `{facts['family']}`: personas {facts['personas']}, "
                f"distributions {facts['distributions']}) trained with the shiftgen codebase, exported as "
                f"**{facts['kind']}**. Persona fidelity at export: {fid}.")
-    prov = (f"Checkpoint `{facts['checkpoint']}`.\n\nGreedy completions of held-out prompts (the same as the "
-            f"training code's on all {facts['checked_prompts']} checked):\n\n| distribution | prompt | completion |\n"
+    prov = (f"Checkpoint `{facts['checkpoint']}`.\n\nGreedy completions of held-out prompts by the call above (the "
+            f"same ids as the training code's on all {facts['checked_prompts']} checked):\n\n| distribution | prompt | completion |\n"
             f"|---|---|---|\n{rows}")
     front = {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": ["shiftgen", "policy-mixture"]}
     card = yaml.safe_dump(front, sort_keys=False).strip()
