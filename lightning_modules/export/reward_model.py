@@ -6,11 +6,16 @@
   unless the last real token *is* the pad token, which happens when the pad token is the EOS our pair format ends
   with. Then the export gives the tokenizer a new pad token (and the embedding table a never-read row).
   LoRA is merged, or with `lora_only` saved as a PEFT adapter (task SEQ_CLS, `score` in modules_to_save).
-- Encoder backbones (MiniLM/BERT) or mean pooling: no HF class pools the same way. The backbone is saved as a
-  plain `AutoModel` directory with `reward_head.safetensors`, and the card carries the loader (a few lines).
+  Its tokenizer gets a chat template that renders a TRL-style conversation (prompt + assistant response) as our
+  layout, `[BOS] chat-template(prompt, add_generation_prompt) response [EOS]` (`conversation_template`).
+- Encoder backbones (MiniLM/BERT) or mean pooling: no HF class pools the same way. The export is a
+  `PooledRewardModel` (modeling_shiftgen_reward.py, copied beside the weights): it loads with
+  `AutoModelForSequenceClassification.from_pretrained(D, trust_remote_code=True)`, and without the flag raises
+  instead of building a random head.
 - Quantized backbones and outside classifiers are refused before anything is loaded.
-Before the directory appears, the written files are loaded back (by the card's own code for the second kind) and
-scored against the module on probe sequences, right and left padded; a difference refuses the export.
+Before the directory appears, the written files are loaded back by the card's own code and scored against the module
+on probe sequences, right and left padded, and through every other load path the card names (conversations and the
+text-classification pipeline; the refused plain load of a pooled model); a difference refuses the export.
 """
 from __future__ import annotations
 
@@ -119,8 +124,12 @@ def rewards(messages: list, responses: list) -> torch.Tensor:
 '''
 
 
-def classifier_code(out_dir: str, adapter_base: Optional[str], pad_id: int, tok_class: str = "AutoTokenizer") -> str:
+def classifier_code(out_dir: str, adapter_base: Optional[str], pad_id: int, tok_class: str = "AutoTokenizer",
+                    remote_code: bool = False) -> str:
     load, peft = "rm = AutoModelForSequenceClassification.from_pretrained(D).eval()", ""
+    if remote_code:
+        load = ("# the pooling lives in modeling_shiftgen_reward.py beside the weights (torch + transformers only)\n"
+                "rm = AutoModelForSequenceClassification.from_pretrained(D, trust_remote_code=True).eval()")
     if adapter_base is not None:
         peft = "from peft import PeftModel\n"
         load = (f"base = AutoModelForSequenceClassification.from_pretrained({adapter_base!r}, num_labels=1, "
@@ -129,7 +138,7 @@ def classifier_code(out_dir: str, adapter_base: Optional[str], pad_id: int, tok_
 {peft}from transformers import AutoModelForSequenceClassification, {tok_class}
 
 D = {out_dir!r}
-tok = {tok_class}.from_pretrained(D){TOK_COMMENT if tok_class != "AutoTokenizer" else ""}
+tok = {tok_class}.from_pretrained(D{", trust_remote_code=True" if remote_code else ""}){TOK_COMMENT if tok_class != "AutoTokenizer" else ""}
 {load}
 
 
@@ -138,36 +147,10 @@ def score_ids(input_ids, attention_mask):  # (N, T) -> (N,)
 '''
 
 
-def head_code(out_dir: str, tok_class: str = "AutoTokenizer") -> str:
-    return f'''import json
-
-import torch
-from safetensors.torch import load_file
-from transformers import AutoModel, {tok_class}
-
-D = {out_dir!r}
-tok = {tok_class}.from_pretrained(D){TOK_COMMENT if tok_class != "AutoTokenizer" else ""}
-backbone = AutoModel.from_pretrained(D).eval()
-w = load_file(f"{{D}}/reward_head.safetensors")["weight"]  # (1, H): the linear head, no bias
-POOLING = json.load(open(f"{{D}}/reward_head.json"))["pooling"]
-
-
-def score_ids(input_ids, attention_mask):  # (N, T) -> (N,)
-    h = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (N, T, H)
-    if POOLING == "mean":  # mean over the non-padding tokens
-        m = attention_mask.unsqueeze(-1).to(h.dtype)  # (N, T, 1)
-        pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
-    else:  # the last non-padding token, left or right padding
-        last = (attention_mask * torch.arange(attention_mask.shape[1])).argmax(1)  # (N,)
-        pooled = h[torch.arange(len(h)), last]
-    return (pooled.to(w.dtype) @ w.T).squeeze(-1).float()
-'''
-
-
 TOK_COMMENT = "  # not AutoTokenizer: it would swap in the architecture's own text splitting"
 
 
-def tokenizer_class_that_loads(tok, directory: str) -> str:
+def tokenizer_class_that_loads(tok, directory: str, remote_code: bool = False) -> str:
     """The transformers class whose `from_pretrained(directory)` encodes like `tok`. AutoTokenizer is preferred, but
     for some architectures (Qwen2 in transformers 5) it forces the family's tokenizer class, which rebuilds the
     text splitting and mangles a word-level tokenizer; `PreTrainedTokenizerFast` reads tokenizer.json as written."""
@@ -176,11 +159,90 @@ def tokenizer_class_that_loads(tok, directory: str) -> str:
     texts = ["user: How do I boil an egg?\nassistant:", "Simmer it for 9 minutes.", "hello , how are you ?"]
     want = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     for name in ("AutoTokenizer", "PreTrainedTokenizerFast"):
-        loaded = getattr(transformers, name).from_pretrained(directory)
+        # AutoTokenizer reads config.json, whose model type is the export's own for a pooled model
+        loaded = getattr(transformers, name).from_pretrained(directory, **({"trust_remote_code": True}
+                                                                           if remote_code else {}))
         if [loaded(t, add_special_tokens=False)["input_ids"] for t in texts] == want and \
                 loaded.pad_token_id == tok.pad_token_id and loaded.padding_side == tok.padding_side:
             return name
     raise ExportError("the saved tokenizer does not load back as the one the model was trained with")
+
+
+# ---- a conversation -> the trained layout, through the exported tokenizer's chat template ----------------------------
+PLAIN_PROMPT = ("{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}{% if not loop.last %}\n{% endif %}"
+                "{%- endfor -%}{%- if add_generation_prompt %}\nassistant:{% endif -%}")
+
+
+def conversation_template(tok) -> Optional[str]:
+    """A chat template that renders a conversation ending in an assistant turn as the trained layout,
+    `[BOS] <the original template over the prompt, with the generation prompt> response [EOS]` (pair_tokenization),
+    and every other conversation exactly as before (what `render_prompt` reads). None when BOS/EOS cannot be
+    written as text. The original template runs unchanged inside a macro (its own variables, `bos_token`, ...)."""
+    from datamodules.preference.pair_tokenization import PairTokenizer
+
+    pt = PairTokenizer(tok, max_length=64)
+    prefix, suffix = tok.decode(pt.prefix), tok.decode(pt.suffix)
+    if any(c in t for t in (prefix, suffix) for c in "'\\{}%#"):
+        return None
+    prompt = tok.chat_template or PLAIN_PROMPT
+    return ("{% macro shiftgen_prompt(messages, add_generation_prompt) %}" + prompt + "{% endmacro %}"
+            "{%- if messages and messages[-1]['role'] == 'assistant' -%}"
+            "{%- set p = shiftgen_prompt(messages[:-1], true) -%}"
+            f"{{%- if '{prefix}' and not p.startswith('{prefix}') -%}}{prefix}{{%- endif -%}}"
+            f"{{{{- p -}}}}{{{{- messages[-1]['content'] -}}}}{suffix}"
+            "{%- else -%}{{- shiftgen_prompt(messages, add_generation_prompt) -}}{%- endif -%}")
+
+
+def conversation(pair: dict, key: str) -> list[dict]:
+    """A TRL-style conversation: the prompt's messages + the response as the assistant's turn."""
+    return list(pair["prompt"]) + [{"role": "assistant", "content": pair[key]}]
+
+
+def give_conversation_template(tok, pairs: list[dict]) -> dict:
+    """Install `conversation_template` when it reproduces our ids on every probe pair (chosen and rejected):
+    `apply_chat_template(conversation)` and, on its text, `tokenizer(text)` (the text-classification pipeline's
+    call; `add_special_tokens=False` when the tokenizer would add BOS again). Returns what the card states."""
+    from datamodules.preference.pair_tokenization import PairTokenizer
+
+    template = conversation_template(tok)
+    if template is None:
+        return {"conversation": False, "conversation_why": "its BOS/EOS cannot be written into a chat template"}
+    from datamodules.preference.pair_tokenization import render_prompt
+
+    want = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    prompts = [render_prompt(tok, p["prompt"]) for p in pairs]
+    original = tok.chat_template
+    tok.chat_template = template
+    if [render_prompt(tok, p["prompt"]) for p in pairs] != prompts:  # prompts alone render as they did in training
+        tok.chat_template = original
+        return {"conversation": False, "conversation_why": "the wrapped template renders prompts differently"}
+    facts = {"conversation": True, "conversation_checked": 2 * len(pairs), "pipeline_kwargs": {}}
+    for i, pair in enumerate(pairs):
+        for key, ids in (("chosen", want["a_input_ids"][i]), ("rejected", want["b_input_ids"][i])):
+            got = tok.apply_chat_template(conversation(pair, key), tokenize=True, return_dict=True)["input_ids"]
+            text = tok.apply_chat_template(conversation(pair, key), tokenize=False)
+            if list(got) != ids:
+                tok.chat_template = original
+                return {"conversation": False, "conversation_why": (
+                    "the template's text, tokenized as one string, splits the prompt/response boundary differently "
+                    f"from training on a probe pair ({pair[key][:40]!r})")}
+            if tok(text)["input_ids"] != ids:
+                facts["pipeline_kwargs"] = {"add_special_tokens": False}
+                if tok(text, add_special_tokens=False)["input_ids"] != ids:
+                    tok.chat_template = original
+                    return {"conversation": False, "conversation_why": "the tokenizer does not encode the rendered "
+                                                                       "text back to the same ids"}
+    return facts
+
+
+def conversation_probe_pairs() -> list[dict]:
+    """Conversations in the fixtures' shapes: one and several turns, a system turn, punctuation at the boundary."""
+    ask = [{"role": "user", "content": "How do I boil an egg?"}]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another one, please!"}]
+    return [{"prompt": ask, "chosen": "Simmer it for nine minutes.", "rejected": "Eggs are round."},
+            {"prompt": chat, "chosen": "Green.", "rejected": "I will not say."},
+            {"prompt": ask, "chosen": "(1) Boil water; (2) add the egg.", "rejected": "Ok"}]
 
 
 def run_loader(code: str) -> dict:
@@ -273,6 +335,7 @@ def write_classifier(module, cls, tok, tmp: str, final_dir: str, lora_only: bool
             _give_new_pad_token(tok, base)
         base.config.pad_token_id = tok.pad_token_id
         _classifier(cls, base, head_weight).save_pretrained(tmp)
+    facts.update(give_conversation_template(tok, conversation_probe_pairs()))
     tok.save_pretrained(tmp)
     return facts
 
@@ -297,18 +360,56 @@ def _classifier(cls, base: nn.Module, head_weight: torch.Tensor) -> nn.Module:
     return clf
 
 
-def write_backbone_and_head(module, tok, tmp: str) -> dict:
+REMOTE_CODE = "modeling_shiftgen_reward.py"
+
+
+def write_pooled_reward(module, tok, tmp: str) -> dict:
+    """The backbone + our head as `PooledRewardModel` (modeling_shiftgen_reward.py, copied beside the weights):
+    `AutoModelForSequenceClassification.from_pretrained(D, trust_remote_code=True)` scores like the module, and
+    without `trust_remote_code=True` it raises (a model type transformers does not know) instead of loading a
+    random head."""
     from safetensors.torch import save_file
+
+    from lightning_modules.export.modeling_shiftgen_reward import PooledRewardConfig
 
     backbone = module.backbone
     base = backbone.merge_and_unload() if hasattr(backbone, "peft_config") else backbone
-    base.save_pretrained(tmp)
+    base.config.pad_token_id = tok.pad_token_id
+    name = REMOTE_CODE[:-3]
+    config = PooledRewardConfig(backbone_config=base.config.to_dict(), pooling=module.head.pooling, num_labels=1,
+                                id2label={0: "reward"}, label2id={"reward": 0}, pad_token_id=tok.pad_token_id,
+                                architectures=["PooledRewardModel"],
+                                auto_map={"AutoConfig": f"{name}.PooledRewardConfig",
+                                          "AutoModelForSequenceClassification": f"{name}.PooledRewardModel"})
+    config.save_pretrained(tmp)
+    tensors = {f"backbone.{k}": v.detach().contiguous().clone() for k, v in base.state_dict().items()}
+    tensors["score.weight"] = module.head.score.weight.detach().contiguous().clone()
+    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), REMOTE_CODE), os.path.join(tmp, REMOTE_CODE))
     tok.save_pretrained(tmp)
-    save_file({"weight": module.head.score.weight.detach().contiguous()}, os.path.join(tmp, "reward_head.safetensors"))
-    with open(os.path.join(tmp, "reward_head.json"), "w") as f:
-        json.dump({"pooling": module.head.pooling, "bias": False}, f)
-    return {"kind": f"{type(base).__name__} (AutoModel) + reward_head.safetensors ({module.head.pooling} pooling)",
-            "adapter_base": None, "absolute_positions": _absolute_positions(base)}
+    return {"kind": f"PooledRewardModel ({type(base).__name__} + {module.head.pooling} pooling + linear head; "
+                    "AutoModelForSequenceClassification with trust_remote_code=True)",
+            "adapter_base": None, "absolute_positions": _absolute_positions(base), "remote_code": True}
+
+
+def refuses_without_remote_code(directory: str) -> str:
+    """The plain load paths must raise, never build a random head: returns transformers' message."""
+    import transformers.dynamic_module_utils as dynamic
+    from transformers import AutoModelForSequenceClassification
+
+    messages, timeout = [], dynamic.TIME_OUT_REMOTE_CODE
+    for kwargs in ({}, {"num_labels": 1}):
+        dynamic.TIME_OUT_REMOTE_CODE = 0  # transformers would otherwise ask on a terminal (what a user sees) here
+        try:
+            AutoModelForSequenceClassification.from_pretrained(directory, **kwargs)
+        except ValueError as err:
+            messages.append(str(err))
+            continue
+        finally:
+            dynamic.TIME_OUT_REMOTE_CODE = timeout
+        raise ExportError(f"AutoModelForSequenceClassification.from_pretrained(D{', num_labels=1' if kwargs else ''}) "
+                          "loaded the export without its pooling code (a random head); nothing was written")
+    return messages[0].splitlines()[0]
 
 
 # ---- the command ----------------------------------------------------------------------------------------------------
@@ -345,9 +446,11 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
             code = classifier_code(final_dir, facts["adapter_base"], tok.pad_token_id, tok_class)
             check_code = classifier_code(tmp, facts.get("check_base"), tok.pad_token_id, tok_class)
         else:
-            facts = write_backbone_and_head(module, tok, tmp)
-            tok_class = tokenizer_class_that_loads(tok, tmp)
-            code, check_code = head_code(final_dir, tok_class), head_code(tmp, tok_class)
+            facts = write_pooled_reward(module, tok, tmp)
+            facts["refusal"] = refuses_without_remote_code(tmp)
+            tok_class = tokenizer_class_that_loads(tok, tmp, remote_code=True)
+            code = classifier_code(final_dir, None, tok.pad_token_id, tok_class, remote_code=True)
+            check_code = classifier_code(tmp, None, tok.pad_token_id, tok_class, remote_code=True)
         check_dir = tmp
         code, check_code = code + "\n\n" + input_code(tok), check_code + "\n\n" + input_code(tok)
         loaded = run_loader(check_code)
@@ -355,6 +458,13 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
         with torch.no_grad():
             got = {s: loaded["score_ids"](*pad_rows(rows, new_pad, s)) for s in ("right", "left")}
         worst = compare(expected, got, dtype)
+        if facts.get("conversation"):
+            worst = max(worst, check_conversations(module, tok, check_dir, loaded, tok_class, facts, dtype))
+        from datamodules.preference.pair_tokenization import is_encoder_tokenizer
+
+        if facts.get("remote_code") and is_encoder_tokenizer(tok):
+            worst = max(worst, check_pair_pipeline(module, tok, check_dir, dtype))
+            facts["pair_pipeline"] = True
         facts.update(max_abs_diff=worst, dtype=str(dtype).replace("torch.", ""), padding_side=tok.padding_side,
                      tokenizer_class=tok_class)
         with open(os.path.join(check_dir, "README.md"), "w") as f:
@@ -369,14 +479,108 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
     return facts
 
 
+@torch.no_grad()
+def check_conversations(module, tok, directory: str, loaded: dict, tok_class: str, facts: dict,
+                        dtype: torch.dtype) -> float:
+    """The TRL-style paths on the written directory score the probe conversations like the module:
+    `apply_chat_template(conversation)` into the card's model, and `pipeline("text-classification")` on the
+    rendered text (merged exports; an adapter needs its base first)."""
+    from datamodules.preference.pair_tokenization import PairTokenizer
+
+    pairs = conversation_probe_pairs()
+    enc = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    rows = [r for ab in zip(enc["a_input_ids"], enc["b_input_ids"]) for r in ab]
+    convs = [conversation(p, k) for p in pairs for k in ("chosen", "rejected")]
+    want = torch.cat([module(*pad_rows([r], tok.pad_token_id, "right"))[0].float() for r in rows])  # (2P,)
+    ltok = loaded["tok"]
+    ids = [ltok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"] for c in convs]
+    if [list(i) for i in ids] != rows:
+        raise ExportError("the exported tokenizer's chat template, loaded back, does not give the trained layout")
+    got = {"chat": torch.cat([loaded["score_ids"](*pad_rows([list(i)], ltok.pad_token_id, "right")) for i in ids])}
+    if facts["adapter_base"] is None:
+        from transformers import pipeline
+
+        kwargs = {} if tok_class == "AutoTokenizer" else {"tokenizer": ltok}
+        classify = pipeline("text-classification", model=directory, function_to_apply="none", **kwargs)
+        texts = [ltok.apply_chat_template(c, tokenize=False) for c in convs]
+        out = classify(texts, **facts["pipeline_kwargs"])
+        got["pipeline"] = torch.tensor([o["score"] for o in out])
+    return compare({k: want for k in got}, got, dtype)
+
+
+def conversation_usage(facts: dict) -> str:
+    """The card's paragraph on TRL-style conversations (decoder exports) or on the pipeline (pooled exports)."""
+    if facts.get("pair_pipeline"):
+        return ("\n\nThe text-classification pipeline takes the same flag; an encoder's input is the pair "
+                "`{\"text\": prompt, \"text_pair\": response}` with the prompt as `reward_input` writes it "
+                "(`role: content` lines):\n\n```python\nfrom transformers import pipeline\n\n"
+                "classify = pipeline(\"text-classification\", model=D, trust_remote_code=True, function_to_apply=\"none\")\n"
+                "print(classify({\"text\": \"user: How do I boil an egg?\", \"text_pair\": \"Simmer it for nine minutes.\"})"
+                "[\"score\"])\n```")
+    if "conversation" not in facts:
+        return ""  # a decoder with mean pooling: `reward_input` / `rewards` above
+    if not facts["conversation"]:
+        return (f"\n\n**TRL-style conversations:** not supported by this export ({facts['conversation_why']}): "
+                "`tok.apply_chat_template(prompt + [assistant turn])` does not give the layout above and scores "
+                "differently. Score with `reward_input` / `rewards`.")
+    tokenizer = "" if facts.get("tokenizer_class", "AutoTokenizer") == "AutoTokenizer" else ", tokenizer=tok"
+    kwargs = "".join(f", {k}={v!r}" for k, v in facts["pipeline_kwargs"].items())
+    return f'''
+
+**TRL-style conversations score the same.** The exported tokenizer's chat template renders a conversation that ends
+in an assistant turn (the prompt's messages + the response, as TRL's reward datasets hold them) as exactly the layout
+above, `[BOS] chat-template(prompt, add_generation_prompt=True) response [EOS]`, instead of the original template's
+rendering of the whole conversation (ChatML, for one, would close the turn with `<|im_end|>` and a newline and so
+score another token). Conversations without a final assistant turn render as before. Checked at export on
+{facts['conversation_checked']} conversations, through both calls below:
+
+```python
+from transformers import pipeline
+
+conversation = [{{"role": "user", "content": "How do I boil an egg?"}},
+                {{"role": "assistant", "content": "Simmer it for nine minutes."}}]
+ids = tok.apply_chat_template(conversation, return_dict=True, return_tensors="pt")
+print(rm(**ids).logits[0, 0])
+classify = pipeline("text-classification", model=D, function_to_apply="none"{tokenizer})
+print(classify(tok.apply_chat_template(conversation, tokenize=False){kwargs})[0]["score"])
+```
+
+What still differs from training: nothing is truncated (training cut prompts longer than `max_length` from the
+left), and the rendered text is tokenized as one string where training tokenized prompt and response apart: a
+response whose first characters merge with the prompt's last token (under byte-level BPE, one starting with
+whitespace) can get other ids. `reward_input` is exact in every case.'''
+
+
+@torch.no_grad()
+def check_pair_pipeline(module, tok, directory: str, dtype: torch.dtype) -> float:
+    """An encoder export through `pipeline("text-classification", trust_remote_code=True)` on text pairs
+    (prompt as `render_prompt` writes it, response) scores the probe conversations like the module."""
+    from transformers import pipeline
+
+    from datamodules.preference.pair_tokenization import PairTokenizer, render_prompt
+
+    pairs = conversation_probe_pairs()
+    enc = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    rows = [r for ab in zip(enc["a_input_ids"], enc["b_input_ids"]) for r in ab]
+    want = torch.cat([module(*pad_rows([r], tok.pad_token_id, "right"))[0].float() for r in rows])  # (2P,)
+    classify = pipeline("text-classification", model=directory, trust_remote_code=True, function_to_apply="none")
+    inputs = [{"text": render_prompt(tok, p["prompt"]), "text_pair": p[k]} for p in pairs for k in ("chosen", "rejected")]
+    got = torch.tensor([classify(x)["score"] for x in inputs])
+    return compare({"pipeline": want}, {"pipeline": got}, dtype)
+
+
 def reward_card(prov: dict, facts: dict, code: str) -> str:
     adapter = facts["adapter_base"] is not None
     summary = (f"A scalar reward model r(prompt, response) trained with the shiftgen codebase, exported as "
                f"**{facts['kind']}**. Higher is better; compare rewards of responses to the same prompt.")
-    if "AutoModel)" in facts["kind"]:
-        summary += ("\n\n**Not** an `AutoModelForSequenceClassification`: no transformers class pools like this "
-                    "model (an encoder or mean pooling), so loading it as one would score with a random head. Load it "
-                    "with the code below.")
+    if facts.get("remote_code"):
+        summary += ("\n\n**Load it with `trust_remote_code=True`.** No transformers class pools like this model (an "
+                    "encoder or mean pooling: `BertForSequenceClassification`, for one, scores the pooler's [CLS] "
+                    "vector), so the pooling and the trained head are defined in `modeling_shiftgen_reward.py` beside "
+                    "the weights (torch and transformers only; read it first). Without the flag, "
+                    "`AutoModelForSequenceClassification.from_pretrained(D)` (with or without `num_labels=1`) raises "
+                    "— or, on a terminal, asks whether to run that code — and never loads a random head; the export "
+                    f"checked it: \"{facts['refusal']}\"")
     usage = ("Score prompt/response pairs with plain `transformers` (and `peft` for an adapter); `reward_input` "
              "builds the exact token layout the model was trained on:\n\n```python\n" + code + "\n\n"
              "print(rewards([{\"role\": \"user\", \"content\": \"How do I boil an egg?\"}],\n"
@@ -388,8 +592,11 @@ def reward_card(prov: dict, facts: dict, code: str) -> str:
         usage += f" The adapter's base model: `{facts['adapter_base']}`."
     if "new_pad" in facts:
         usage += f" Note: {facts['new_pad']}, so pad with this tokenizer."
+    usage += conversation_usage(facts)
     check = (f"Loaded back with the code above and scored against the training module on probe sequences, right "
-             f"and left padded: max |Δ reward| = {facts['max_abs_diff']:.2e} ({facts['dtype']}).")
+             f"and left padded" + (f", and on {facts['conversation_checked']} conversations through "
+                                  "`apply_chat_template` and the text-classification pipeline" if facts.get("conversation")
+                                  else "") + f": max |Δ reward| = {facts['max_abs_diff']:.2e} ({facts['dtype']}).")
     front = {"library_name": "peft" if adapter else "transformers", "pipeline_tag": "text-classification",
              "tags": ["reward-model", "shiftgen"]}
     return render_card("Reward model (shiftgen export)", front, summary, usage, prov, check)
