@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as C  # noqa: E402
 
 sys.path.insert(0, str(C.ROOT / "tests"))
-from doc_tables import documented_table, first_table, parse_table  # noqa: E402
+from doc_tables import documented_columns, documented_table, first_table, parse_table  # noqa: E402
 
 CONFIG = "configs/experiment/w2s_demo.yaml"
 TARGET_S = 240.0  # issue 13: make demo <= 4 min on 2 quiet cores
@@ -86,7 +86,8 @@ def main() -> None:
         for r in range(args.repeats):
             for name in (list(codes) if r % 2 == 0 else list(reversed(codes))):
                 res = run_demo(codes[name], work)
-                res["table_equals_docs"] = parse_table(res["table"]) == documented
+                # the documented cells only: the report also prints the absolute OOD accuracies the docs lack
+                res["table_equals_docs"] = documented_columns(parse_table(res["table"]), documented) == documented
                 runs[name].append(res)
                 C.eprint(f"[round {r}] {name}: " + json.dumps({k: v for k, v in res.items() if k != "table"}))
     finally:

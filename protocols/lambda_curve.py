@@ -7,7 +7,7 @@ let an ablation reuse the main run's λ = 0 and λ = 100 instead of training the
 trained on soft weak labels with the plain soft Bradley–Terry objective and no extra arguments, at its
 `anchor_coef` (λ = 0 is naive), on the seeds all its points share. Writes `figures/lambda_curve.png` in the last
 out_dir (mean ± std over seeds, every seed as a dot; λ = 0 on a symlog axis) and prints the curve as a markdown
-table with the per-seed values.
+table with the per-seed values and a legend under it (ID acc in %, WRG and NTS in percent points).
 """
 from __future__ import annotations
 
@@ -76,7 +76,12 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| λ | method | ID acc | WRG | NTS |", "|---|---|---|---|---|"]
     lines += [f"| {r['lambda']:g} | {r['method']} | {cell(r['id'])} | {cell(r['wrg'])} | {cell(r['nts'])} |"
               for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + LEGEND
+
+
+LEGEND = ("Legend: λ = ANCHOR's coefficient (0 = naive); cells mean ± std over the shared seeds (per-seed values). "
+          "ID acc: the student's accuracy on the ID test split (%). WRG: its ID acc − the teacher's (percent points). "
+          "NTS: mean AOG − max(0, the teacher's ID acc − its ID acc) (percent points).")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -97,9 +102,11 @@ def plot(rows: list[dict], path: str) -> None:
     positive = [lam for lam in lams if lam > 0]
     ax.set_xscale("symlog", linthresh=min(positive) if positive else 1.0)
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xlabel("λ (ANCHOR coefficient; 0 = naive)")
+    ax.set_xlabel("λ (ANCHOR coefficient; 0 = naive; symlog scale)")
+    ax.set_ylabel("ID accuracy (%) / NTS (percent points)", fontsize=9)
     n = max(len(r["id"]["per_seed"]) for r in rows)
-    ax.set_title(f"ID accuracy and NTS against λ ({n} seed{'s' if n > 1 else ''}; bars: std)")
+    spread = "; bars: std, dots: seeds" if n > 1 else ""
+    ax.set_title(f"ID accuracy and NTS against λ ({n} seed{'s' if n > 1 else ''}{spread})", fontsize=10)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     png = io.BytesIO()

@@ -5,9 +5,10 @@ amplifies a shortcut and where it only imitates (docs/results.md "Does the fitte
 
 Per run (its `results/results.json`): the teacher search's choices per seed, the chosen teachers' structure on the
 student half read with the shortcut probe (right where the probe is wrong; errors there / all errors), the
-teacher's ID accuracy, naive W2S's WRG and worst AOG (mean [95% t-interval] over seeds) and every method's NTS.
-The last column says which clause of "naive WRG > 0 with some AOG < 0" holds: by the mean, and whether the
-95% interval over seeds excludes 0.
+teacher's ID accuracy, naive W2S's WRG and worst AOG (mean [95% t-interval] over seeds, each followed by the
+teacher → naive accuracies it is the difference of) and every method's NTS. The last column says which clause of
+"naive WRG > 0 with some AOG < 0" holds: by the mean, and whether the 95% interval over seeds excludes 0. A legend
+under the table names each column's unit.
 """
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def _sign(values: list[float], sign: int) -> Optional[str]:
     return "interval" if interval and (interval[0] > 0 if sign > 0 else interval[1] < 0) else "mean"
 
 
+def accuracies(results: dict, row: str, split: str) -> str:
+    """"teacher 18.0 → naive 99.0": the mean accuracies (%) a gain of `row` on `split` is the difference of (the
+    teacher's on the row's own pairs, else the teacher row's); "" when the results lack them."""
+    student = per_seed(results, row, f"acc/{split}")
+    teacher = per_seed(results, row, f"teacher_acc/{split}") or per_seed(results, "teacher", f"acc/{split}")
+    if not student or not teacher:
+        return ""
+    return f"teacher {statistics.fmean(teacher):.1f} → {row} {statistics.fmean(student):.1f}"
+
+
 def regime_row(name: str, results: dict) -> dict:
     """The row's cells (strings) and the clause flags, from one run's results.json."""
     src, targets = results["id_source"], results["targets"]
@@ -81,9 +92,28 @@ def regime_row(name: str, results: dict) -> dict:
     return {"benchmark": name, "seeds": len(results["seeds"]), "chosen": chosen,
             "strength": _cell(strength), "rule_there": _cell(rule_there), "errors_there": _cell(errors_there),
             "base": _cell(base), "teacher_id": _cell(per_seed(results, "teacher", f"acc/{src}")),
-            "wrg": _cell(wrg, interval=True, signed=True),
-            "worst_aog": f"{_cell(aogs[worst], interval=True, signed=True)} ({worst})",
+            "wrg": _cell(wrg, interval=True, signed=True) + _parenthesised(accuracies(results, "naive", src)),
+            "worst_aog": f"{_cell(aogs[worst], interval=True, signed=True)} "
+                         f"({worst}{': ' + acc if (acc := accuracies(results, 'naive', worst)) else ''})",
             "nts": {m: _cell(per_seed(results, m, "nts"), signed=True) for m in methods}, "clauses": clauses}
+
+
+def _parenthesised(text: str) -> str:
+    return f" ({text})" if text else ""
+
+
+LEGEND = """Legend (accuracies and shares in %, gains in percent points; mean over seeds, ± std or [95% t-interval]):
+- shortcut strength: the shortcut probe's accuracy on the ID validation split (the probe is fitted on the teacher
+  half; docs/teacher_structure.md).
+- teacher right where the probe is wrong: the chosen teacher's accuracy on the student-half pairs the probe gets
+  wrong; its errors there / share of such pairs: the share of the teacher's errors on those pairs, beside the share
+  of such pairs.
+- teacher ID acc: the teacher's accuracy on the ID test split.
+- naive WRG: naive W2S's ID accuracy − the teacher's, then (teacher → naive) the two accuracies.
+- naive worst AOG: naive's OOD accuracy − the teacher's on the target where that gain is lowest, then (target:
+  teacher → naive) the two accuracies.
+- NTS <method>: the method's mean AOG − max(0, the teacher's ID acc − the method's ID acc).
+- regime: which clause of "naive WRG > 0 with some AOG < 0" holds, by the mean and by the interval."""
 
 
 def markdown(rows: list[dict]) -> str:
@@ -102,7 +132,7 @@ def markdown(rows: list[dict]) -> str:
                  f"{r['errors_there']} / {r['base']}", r["teacher_id"], r["wrg"], r["worst_aog"],
                  *[r["nts"].get(m, "–") for m in methods], regime]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + LEGEND
 
 
 def main(argv=None) -> str:

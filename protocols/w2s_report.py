@@ -1,5 +1,6 @@
-"""Tables and figures of a W2S protocol run: rows = methods, columns = ID accuracy, WRG, AOG per target, mean AOG,
-NTS, PGR (percent points; mean ± std over seeds, the value alone for one seed), as in the paper's tables; plus
+"""Tables and figures of a W2S protocol run: rows = methods, columns = ID accuracy, WRG, OOD accuracy and AOG per
+target, mean OOD accuracy and mean AOG, NTS, PGR (accuracies in %, gains in percent points, PGR a ratio; mean ± std
+over seeds, the value alone for one seed), as in the paper's tables, with a legend under each table; plus
 TensorBoard figures. `summarize` computes (every rank of a DDP run gets the same results); `write_reports`
 writes and prints (global rank 0 only), each file replaced in one step."""
 from __future__ import annotations
@@ -15,19 +16,26 @@ from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.stats import ci95, mean_std, percent  # noqa: F401 -- used here and by its readers
 
 
+OOD_ACC_MEAN = "acc_ood_mean"  # the mean over OOD targets of a row's accuracy (not "acc/...": no split of that name)
+
+
 def row_scores(stage: dict, id_source: str, is_teacher: bool) -> dict[str, float]:
-    """One stage's scores in percent points (the teacher's own row has zero gains by definition)."""
+    """One stage's accuracies (%) and gains (percent points; the teacher's own row has zero gains by definition)."""
     test = stage["test"]
     if is_teacher:
         scores = {"acc/" + k: 100.0 * v["acc"] for k, v in test.items() if k != "transfer"}
         targets = [k for k in scores if k != "acc/" + id_source]
         scores.update({"wrg": 0.0, "aog_mean": 0.0, "nts": 0.0, **{"aog/" + t[4:]: 0.0 for t in targets}})
+        if targets:
+            scores[OOD_ACC_MEAN] = statistics.fmean(scores[t] for t in targets)
         return scores
     tr = test["transfer"]
     scores = {"acc/" + k: v for k, v in tr["acc_student"].items()}
     scores.update({"teacher_acc/" + k: v for k, v in tr["acc_teacher"].items()})
     scores.update({"wrg": tr["wrg"], "aog_mean": tr["aog_mean"], "nts": tr["nts"]})
     scores.update({"aog/" + t: v for t, v in tr["aog"].items()})
+    if tr["aog"]:  # the same targets as AOG's, so mean AOG = this mean − the teacher's on the same pairs
+        scores[OOD_ACC_MEAN] = statistics.fmean(tr["acc_student"][t] for t in tr["aog"])
     if "pgr" in tr:
         scores["pgr"] = tr["pgr"]
     for key, value in flatten_drift(stage.get("drift") or {}).items():
@@ -59,8 +67,14 @@ def aggregate(raw: dict[str, dict[int, dict]], id_source: str) -> dict[str, dict
 
 
 def display_columns(id_source: str, targets: list[str], has_pgr: bool, drift_keys: list[str]) -> list[tuple[str, str]]:
+    """(key, header) of the table: each gain beside the accuracy it is a difference of (ID acc beside WRG, OOD acc
+    beside AOG per target, their means), then NTS, PGR and the drift. The gains' headers are those of the tables
+    published before the accuracies were added (tests/test_w2s_slow.py matches cells by header)."""
     cols = [(f"acc/{id_source}", "ID acc"), ("wrg", "WRG")]
-    cols += [(f"aog/{t}", f"AOG {t}") for t in targets]
+    for t in targets:
+        cols += [(f"acc/{t}", f"OOD acc {t}"), (f"aog/{t}", f"AOG {t}")]
+    if len(targets) > 1:  # with one target its mean is the same column again
+        cols.append((OOD_ACC_MEAN, "mean OOD acc"))
     cols += [("aog_mean", "mean AOG"), ("nts", "NTS")]
     if has_pgr:
         cols.append(("pgr", "PGR"))
@@ -84,7 +98,7 @@ def fmt(cell: dict | None, key: str) -> str:
     spread = cell["std"] is not None
     if key == "pgr" or key.startswith("drift/"):
         return f"{cell['mean']:.3g}" + (f" ± {cell['std']:.2g}" if spread else "")
-    sign = "+" if not key.startswith("acc/") and cell["mean"] >= 0 else ""
+    sign = "+" if not key.startswith("acc") and cell["mean"] >= 0 else ""  # accuracies unsigned, gains signed
     return f"{sign}{cell['mean']:.1f}" + (f" ± {cell['std']:.1f}" if spread else "")
 
 
@@ -121,24 +135,28 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     weak_by_reference = {r: d for r in references if (d := paired(weak, r))}
     steps = same_step(p, stages_raw)
     oracle_part = ("Oracle selection (`oracle_target`: each swept method's value picked on the target **test** splits; "
-                   "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds))) if oracle else ""
+                   "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds), SHORT_LEGEND)
+                   ) if oracle else ""
+    full_legend = "\n".join(line for line in (legend(cols, id_source, len(p.seeds), worked_example(table, targets)),
+                                              teacher_differences_line(table, id_source, targets)) if line)
     markdown = "\n\n".join(part for part in (
         WHAT_TO_LOOK_FOR, teacher_recipe_markdown(searches), outside_models_line(p),
-        selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds)),
+        selection_markdown(selection, "id_val"), markdown_table(table, cols, len(p.seeds), full_legend),
         interval_table(table, targets) if len(p.seeds) > 1 else "",
         *(paired_markdown(d, r) for r, d in by_reference.items()),
         budget_markdown(costs, list(table)),
         multi_teacher_markdown(teachers),
-        weak_val_markdown(weak, weak_by_reference, selection, missing, cols, len(p.seeds)),
+        weak_val_markdown(weak, weak_by_reference, selection, missing, cols, len(p.seeds), same_rows(weak, table)),
         same_step_markdown(steps),
         teacher_structure_markdown(structures),
         oracle_part, selection_markdown(selection, "oracle_target") if oracle else "",
         teacher_label_table(teacher_labels), correlation_line(correlation)) if part)
-    return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": "percent points",
+    return {"id_source": id_source, "targets": targets, "seeds": list(p.seeds), "units": column_units(cols),
             "columns": [c for c, _ in cols], "column_names": [name for _, name in cols], "rows": table,
             "selection": {"rule": "id_val", "swept": selection}, "oracle_rows": oracle, "paired": pairs,
             "paired_reference": references[0] if pairs else None, "paired_by_reference": by_reference,
             "weak_val_rows": weak, "weak_val_paired_by_reference": weak_by_reference,
+            "weak_val_same_as_id_val": bool(weak) and same_rows(weak, table),
             "weak_val_missing": missing, "budget": costs, "same_step": steps,
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
@@ -146,9 +164,34 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
             "method_seconds": method_seconds(p, stages_raw), **({"multi_teacher": teachers} if teachers else {})}
 
 
-def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: list[str], cols, n_seeds: int) -> str:
+WEAK_VAL_RULE = ("the strict weak-to-strong reading: every swept value and stopping point chosen by agreement with the "
+                 "teacher's labels on the ID validation split; no gold label, no target data")
+
+
+def same_rows(a: dict, b: dict) -> bool:
+    """Two aggregated tables hold the same rows, in the same order, with the same per-seed value in every cell."""
+    if list(a) != list(b):
+        return False
+    for method, row in a.items():
+        other = b[method]
+        if set(row) != set(other):
+            return False
+        for key, cell in row.items():
+            x, y = cell["per_seed"], other[key]["per_seed"]
+            if set(x) != set(y) or any(not _same_value(x[s], y[s]) for s in x):
+                return False
+    return True
+
+
+def _same_value(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=0.0, abs_tol=1e-9)
+
+
+def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: list[str], cols, n_seeds: int,
+                      same: bool = False) -> str:
     """The table under the strict weak-to-strong rule, `weak_val`, with its picks and paired differences; or why it
-    is absent."""
+    is absent; or, when it is the `id_val` table cell for cell (`same`: nothing chosen on validation data, or both
+    rules picked alike), one line saying so instead of the table printed twice."""
     from protocols.model_selection import paired_markdown, selection_markdown
 
     if missing:
@@ -157,11 +200,15 @@ def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: 
                 f"recorded ({shown}); rerun them with --force to read the run under that rule.")
     if not weak:
         return ""
-    head = ("Selection `weak_val` (the strict weak-to-strong reading: every swept value and stopping point chosen by "
-            "agreement with the teacher's labels on the ID validation split; no gold label, no target data). Rows "
-            "nested on another method's `id_val` pick are left out:")
+    if same:  # worded so that no line starts "Selection `weak_val`": that heading announces a table below it
+        why = ("both rules picked the same values" if selection else
+               "no row is chosen on validation data: nothing is swept and nothing stops early")
+        return "\n\n".join(part for part in (
+            f"Under `weak_val` ({WEAK_VAL_RULE}) the table is the `id_val` table above, cell for cell ({why}); it "
+            "is not printed again.", selection_markdown(selection, "weak_val")) if part)
+    head = f"Selection `weak_val` ({WEAK_VAL_RULE}). Rows nested on another method's `id_val` pick are left out:"
     return "\n\n".join(part for part in (
-        head, selection_markdown(selection, "weak_val"), markdown_table(weak, cols, n_seeds),
+        head, selection_markdown(selection, "weak_val"), markdown_table(weak, cols, n_seeds, SHORT_LEGEND),
         *(paired_markdown(d, r).replace("Paired differences", "Under `weak_val`, paired differences", 1)
           for r, d in by_reference.items())) if part)
 
@@ -275,7 +322,7 @@ def teacher_label_table(structure: dict[int, dict]) -> str:
 def interval_table(table: dict, targets: list[str]) -> str:
     """WRG, every AOG and NTS as mean [95% t-interval] with the per-seed values (the claims' evidence)."""
     keys = [("wrg", "WRG"), *[(f"aog/{t}", f"AOG {t}") for t in targets], ("nts", "NTS")]
-    lines = ["Mean [95% t-interval over seeds]; per-seed values in seed order:", "",
+    lines = ["Mean [95% t-interval over seeds] in percent points; per-seed values in seed order:", "",
              "| method | " + " | ".join(name for _, name in keys) + " |", "|---|" + "---|" * len(keys)]
     for method, row in table.items():
         if method == "teacher":
@@ -370,18 +417,108 @@ def _csv_cell(cell: Optional[dict], stat: str) -> str:
     return "" if cell is None or cell[stat] is None else f"{cell[stat]:.4f}"
 
 
-def markdown_table(table: dict, cols: list[tuple[str, str]], n_seeds: int) -> str:
+def markdown_table(table: dict, cols: list[tuple[str, str]], n_seeds: int, legend_text: str = "") -> str:
+    """A caption naming each kind of column's unit, the table, and `legend_text` under it."""
+    keys = [c for c, _ in cols]
     spread = "1 seed" if n_seeds == 1 else f"mean ± std over {n_seeds} seeds"
-    lines = [f"Percent points, {spread}. Teacher and student scored on the same pairs.", "",
-             "| method | " + " | ".join(name for _, name in cols) + " |",
+    units = ["accuracies (ID acc, OOD acc) in %", "gains (WRG, AOG, NTS) in percent points"]
+    if "pgr" in keys:
+        units.append("PGR a ratio")
+    if any(c.startswith("drift/") for c in keys):
+        units.append("drift in its own units")
+    lines = [f"{spread[0].upper()}{spread[1:]}; " + ", ".join(units) + ". Teacher and student scored on the same pairs.",
+             "", "| method | " + " | ".join(name for _, name in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for method, row in table.items():
         lines.append(f"| {method} | " + " | ".join(fmt(row.get(c), c) for c, _ in cols) + " |")
+    return "\n".join(lines) + (f"\n\n{legend_text}" if legend_text else "")
+
+
+SHORT_LEGEND = ("Columns and units as in the legend under the first table: accuracies in %, WRG / AOG / NTS in percent "
+                "points against the teacher row, PGR a ratio.")
+
+
+def legend(cols: list[tuple[str, str]], id_source: str, n_seeds: int, example: str = "") -> str:
+    """The words under the table: each column kind present, what it is and its unit (definitions:
+    `lightning_modules.reward.metrics.transfer_scores`); `example`: a gain of the table worked out (`worked_example`)."""
+    keys = [c for c, _ in cols]
+    lines = [f"Legend (ID = the source's test split `{id_source}`; each gain is the row's accuracy minus the teacher's "
+             f"on the same pairs{'; ' + example if example else ''}):",
+             "- ID acc, OOD acc <target> (%): pairwise accuracy, the share of test pairs whose chosen response the "
+             "model scores above the rejected one" + ("; mean OOD acc: its mean over the targets."
+                                                     if OOD_ACC_MEAN in keys else "."),
+             "- WRG, weak-to-strong gain (percent points): the row's ID acc − the teacher's ID acc.",
+             "- AOG <target>, absolute OOD gain (percent points): the row's OOD acc on that target − the teacher's; "
+             "mean AOG: its mean over the targets.",
+             "- NTS, net transfer score (percent points): mean AOG − max(0, teacher's ID acc − the row's ID acc), "
+             "the OOD gain less any loss in distribution."]
+    if "pgr" in keys:
+        lines.append("- PGR, performance gap recovered (a ratio, not points): WRG / (the ceiling's ID acc − the "
+                     "teacher's ID acc); 0 = no better than the teacher, 1 = as good as the gold ceiling; – on the "
+                     "teacher and ceiling rows.")
+    if any(c.startswith("drift/") for c in keys):
+        lines.append("- OOD drift mse / cka (layer k): how far the row's hidden states at layer k moved from its "
+                     "initial weights' on the OOD test pairs, mean over the targets: mse a mean squared distance in "
+                     "the hidden states' units (0 = unmoved), cka a linear CKA similarity (1 = unmoved); "
+                     "docs/drift.md.")
+    if n_seeds > 1:
+        lines.append("- Cells: mean ± std over seeds of the per-seed values (a gain is computed in each seed, then "
+                     "averaged).")
     return "\n".join(lines)
 
 
+def worked_example(table: dict, targets: list[str]) -> str:
+    """The table's largest AOG of a weak-label row (else of the ceiling) as the difference it is: "naive on T: OOD
+    acc 99.0 − the teacher's 18.0 = AOG +81.0"."""
+    for rows in ([m for m in table if m not in WEAK_LABEL_METHODS_EXCLUDED], [m for m in table if m == "ceiling"]):
+        found = []
+        for method in rows:
+            for t in targets:
+                cells = [table[method].get(k) for k in (f"acc/{t}", f"teacher_acc/{t}", f"aog/{t}")]
+                if all(c is not None and not math.isnan(c["mean"]) for c in cells):
+                    found.append((abs(cells[2]["mean"]), method, t, *(c["mean"] for c in cells)))
+        if found:
+            _, method, t, acc, teacher, aog = max(found, key=lambda f: f[0])  # ties: the first row and target
+            return f"e.g. {method} on {t}: OOD acc {acc:.1f} − the teacher's {teacher:.1f} = AOG {aog:+.1f}"
+    return ""
+
+
+def teacher_differences_line(table: dict, id_source: str, targets: list[str], tol: float = 0.05) -> str:
+    """The rows whose gains are against a teacher accuracy other than the teacher row's (its pairs or its seeds
+    differ): a reader subtracting the teacher row's accuracy would get another number, so they are named."""
+    teacher = table.get("teacher") or {}
+    found = []
+    for method, row in table.items():
+        for split in [id_source, *targets]:
+            own, ref = row.get(f"teacher_acc/{split}"), teacher.get(f"acc/{split}")
+            if own and ref and abs(own["mean"] - ref["mean"]) > tol:
+                found.append(f"{method} on {split}: {own['mean']:.1f} (teacher row {ref['mean']:.1f})")
+    if not found:
+        return ""
+    return ("- The teacher scored differently on these rows' pairs or seeds than in its own row, and their gains are "
+            "against the former (results.json: `teacher_acc/<split>`): " + "; ".join(found) + ".")
+
+
+def column_units(cols: list[tuple[str, str]]) -> dict[str, str]:
+    """results.json's `units`: each column's unit."""
+    def unit(key: str) -> str:
+        if key.startswith("acc"):
+            return "percent"
+        if key == "pgr":
+            return "ratio"
+        if key.startswith("drift/"):
+            return "mean squared distance" if "/mse/" in key else "CKA similarity" if "/cka/" in key else "drift"
+        return "percent points"
+    return {key: unit(key) for key, _ in cols}
+
+
+def _mean(row: dict, key: str) -> float:
+    return (row.get(key) or {"mean": float("nan")})["mean"]
+
+
 def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
-    """AOG heatmap (method × target), NTS bars, and drift vs mean OOD accuracy, to TensorBoard and PNG."""
+    """AOG heatmap (method × target, each cell with the accuracies it is the difference of), NTS bars, and drift vs
+    mean OOD accuracy, to TensorBoard and PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,28 +533,18 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
     writer = SummaryWriter(os.path.join(out_dir, "summary"))
     figures = {}
 
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(targets), 0.9 + 0.45 * len(methods)))
-    grid = [[table[m].get(f"aog/{t}", {"mean": float("nan")})["mean"] for t in targets] for m in methods]
-    lim = max([abs(v) for row in grid for v in row if not math.isnan(v)] + [1.0])
-    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xticks(range(len(targets)), targets, rotation=20, ha="right")
-    ax.set_yticks(range(len(methods)), methods)
-    for i, row in enumerate(grid):
-        for j, v in enumerate(row):
-            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8)
-    fig.colorbar(im, ax=ax, label="AOG (pp)")
-    ax.set_title("Absolute OOD gain over the teacher")
-    fig.tight_layout()
-    figures["aog_heatmap"] = fig
+    figures["aog_heatmap"] = aog_heatmap(plt, table, methods, targets)
 
-    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(methods), 3.2))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.8 * len(methods)), 3.6))
     means = [table[m]["nts"]["mean"] for m in methods]
     stds = [table[m]["nts"]["std"] or 0.0 for m in methods]  # one seed: no error bar
     ax.bar(range(len(methods)), means, yerr=stds, color=["tab:green" if v >= 0 else "tab:red" for v in means])
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
-    ax.set_ylabel("NTS (pp)")
-    ax.set_title("Net transfer score")
+    ax.set_xlabel("method")
+    ax.set_ylabel("NTS (percent points)")
+    spread = "" if all(table[m]["nts"]["std"] is None for m in methods) else "\n(error bars: std over seeds)"
+    ax.set_title(f"Net transfer score: mean AOG − any ID loss\nagainst the teacher{spread}", fontsize=9)
     fig.tight_layout()
     figures["nts_bars"] = fig
 
@@ -434,6 +561,30 @@ def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
     writer.close()
 
 
+def aog_heatmap(plt, table: dict, methods: list[str], targets: list[str]):
+    """AOG per method and target (colour), each cell annotated with the gain and the teacher → row OOD accuracies
+    it is the difference of (the row's own teacher accuracy on its pairs; the teacher row's when it has none)."""
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(targets), 1.2 + 0.55 * len(methods)))
+    grid = [[_mean(table[m], f"aog/{t}") for t in targets] for m in methods]
+    lim = max([abs(v) for row in grid for v in row if not math.isnan(v)] + [1.0])
+    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(targets)), targets, rotation=20, ha="right")
+    ax.set_yticks(range(len(methods)), methods)
+    teacher = table.get("teacher") or {}
+    for i, m in enumerate(methods):
+        for j, t in enumerate(targets):
+            before = table[m].get(f"teacher_acc/{t}") or teacher.get(f"acc/{t}") or {"mean": float("nan")}
+            dark = abs(grid[i][j]) > 0.6 * lim  # the colour map's ends: white text stays readable there
+            ax.text(j, i, f"{grid[i][j]:+.1f}\n{before['mean']:.0f}% → {_mean(table[m], f'acc/{t}'):.0f}%",
+                    ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    fig.colorbar(im, ax=ax, label="AOG (percent points)")
+    ax.set_xlabel("OOD target")
+    ax.set_ylabel("method")
+    ax.set_title("AOG: the row's OOD accuracy − the teacher's\n(cell: AOG, then teacher → row accuracy)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def drift_figure(plt, table: dict, targets: list[str], drift_key: str):
     """Left: every weak-label student, one point per seed (the correlation's data). Right: the gold ceiling, whose
     drift comes from other labels, on its own panel so it does not set the left panel's trend."""
@@ -443,11 +594,21 @@ def drift_figure(plt, table: dict, targets: list[str], drift_key: str):
             continue
         points = drift_points(table[m], targets, drift_key)
         (ax_gold if m == "ceiling" else ax).scatter([d for _, d, _ in points], [a for _, _, a in points], label=m, s=18)
-    ax.set_xlabel(drift_key.replace("drift/", "drift: "))
+    label = drift_label(drift_key)
+    ax.set_xlabel(label, fontsize=8)
     ax.set_ylabel("mean OOD accuracy (%)")
-    ax.set_title("Weak-label students (one point per seed)")
+    ax.set_title("Weak-label students (one point per seed)", fontsize=9)
     ax.legend(fontsize=7)
-    ax_gold.set_title("Gold ceiling")
-    ax_gold.set_xlabel("drift")
+    ax_gold.set_title("Gold ceiling", fontsize=9)
+    ax_gold.set_xlabel("the same drift measure", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def drift_label(drift_key: str) -> str:
+    """An axis label for a drift key `drift/ood_mean/<measure>/layer<k>`."""
+    parts = drift_key.split("/")
+    measure, layer = (parts[2], parts[3]) if len(parts) == 4 else (drift_key, "")
+    what = {"mse": "mean squared distance to the initial weights", "cka": "CKA similarity to the initial weights",
+            "cosine": "cosine to the initial weights"}.get(measure, measure)
+    return f"OOD drift: {what}, hidden layer {layer.replace('layer', '')} (mean over targets)"

@@ -4,14 +4,17 @@ tests/fixtures/finished_run/ holds a tiny W2S run (teacher, naive, ANCHOR swept 
 finished by the commit named in its MADE_BY, before the stage engine; `tests/fixtures/make_finished_run.py` wrote it.
 Laid out again where it was made (a run cannot move: a stage's identity names its upstream stages by the digest of
 theirs, which holds absolute paths), with the same tokenizer, a rerun of its configuration must run no stage: every stage's
-result keeps its run id, and the republished table equals the one the old code published.
+result keeps its run id, and the republished tables hold the cells the old code published.
 """
 import json
 import os
 import shutil
 
 from protocols.w2s import main as run_protocol
+from tests.doc_tables import documented_columns, parse_table
 from tests.fixtures.make_finished_run import ROOT, build_tokenizer, protocol
+
+TARGETS = ("synth_helpful_science", "synth_helpful_travel", "synth_helpful_tech")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "finished_run")
@@ -58,11 +61,21 @@ def test_a_run_finished_by_the_old_code_is_reused_with_no_stage_rerun():
     assert _runs(out) == before  # no stage ran: a rerun draws a new run id
     assert not os.path.exists(os.path.join(out, "seed0", "naive", "fit"))  # no fit folder was made again
     new_table = open(os.path.join(out, "results.md"), encoding="utf-8").read()
-    # the same tables; what the report added since (issue 36) are the budget table and the note that the weak_val
-    # rule cannot read stages finished before it
-    added = [part for part in new_table.split("\n\n") if part not in old_table.split("\n\n")]
+    old_parts, new_parts = old_table.split("\n\n"), new_table.split("\n\n")
+    # the W2S tables (id_val, oracle) hold the same cells; since, they print each OOD accuracy beside its AOG (issue
+    # 47), a caption naming each column's unit and a legend under them
+    w2s = lambda parts: [parse_table(p) for p in parts if p.startswith("| method | ID acc |")]  # noqa: E731
+    assert len(w2s(old_parts)) == len(w2s(new_parts)) == 2
+    for old, new in zip(w2s(old_parts), w2s(new_parts)):
+        assert set(new) == set(old) and documented_columns(new, old) == old
+        assert set(new["naive"]) - set(old["naive"]) == {f"OOD acc {t}" for t in TARGETS} | {"mean OOD acc"}
+    formats = ("| method | ID acc |", "Percent points, 1 seed", "1 seed; accuracies", "Legend (", "Columns and units")
+    rest = lambda parts: [p for p in parts if not p.startswith(formats)]  # noqa: E731
+    # the rest is the same; what the report added since (issue 36) are the budget table and the note that the
+    # weak_val rule cannot read stages finished before it
+    added = [part for part in rest(new_parts) if part not in old_parts]
     assert [part.split(":")[0][:19] for part in added] == ["Budget per seed", "| method | fits | e", "No `weak_val` table"]
-    assert "\n\n".join(part for part in new_table.split("\n\n") if part not in added) == old_table
+    assert [part for part in rest(new_parts) if part not in added] == rest(old_parts)
     assert "| wise | 0 | 1 | 3 |" in added[1]  # one evaluation of the anchor sweep's pick: 1 + its 2 candidates
     assert "seed0/naive" in added[2] and "--force" in added[2]
     shutil.rmtree(root)

@@ -60,7 +60,8 @@ def _expected_row(student: dict, teacher: dict, ceiling: dict | None) -> dict[st
     wrg = student[SRC] - teacher[SRC]
     aog = {t: student[t] - teacher[t] for t in TARGETS}
     row = {f"acc/{SRC}": student[SRC], "wrg": wrg, **{f"aog/{t}": v for t, v in aog.items()},
-           "aog_mean": float(np.mean(list(aog.values())))}
+           "aog_mean": float(np.mean(list(aog.values()))), **{f"acc/{t}": student[t] for t in TARGETS},
+           "acc_ood_mean": float(np.mean([student[t] for t in TARGETS]))}
     row["nts"] = row["aog_mean"] - max(0.0, -wrg)
     if ceiling is not None:
         row["pgr"] = wrg / (ceiling[SRC] - teacher[SRC]) if ceiling[SRC] != teacher[SRC] else float("nan")
@@ -74,13 +75,14 @@ def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, wo
     out, seeds, rows = cfg["out_dir"], [0, 1], results["rows"]
     assert list(rows) == ["teacher", "ceiling", "anchor"] and results["id_source"] == SRC
     drift_cols = ["drift/ood_mean/mse/layer1", "drift/ood_mean/cka/layer1"]
-    assert results["columns"] == [f"acc/{SRC}", "wrg", *[f"aog/{t}" for t in TARGETS], "aog_mean", "nts", "pgr",
-                                  *drift_cols]
+    assert results["columns"] == [f"acc/{SRC}", "wrg", *[k for t in TARGETS for k in (f"acc/{t}", f"aog/{t}")],
+                                  "acc_ood_mean", "aog_mean", "nts", "pgr", *drift_cols]
     expected = {m: {} for m in rows}  # method -> column -> per-seed values
     for seed in seeds:
         teacher, ceiling = _stage_acc(out, seed, "teacher"), _stage_acc(out, seed, "ceiling")
         per_row = {"teacher": {f"acc/{SRC}": teacher[SRC], "wrg": 0.0, "aog_mean": 0.0, "nts": 0.0,
-                               **{f"aog/{t}": 0.0 for t in TARGETS}},
+                               **{f"aog/{t}": 0.0 for t in TARGETS}, **{f"acc/{t}": teacher[t] for t in TARGETS},
+                               "acc_ood_mean": float(np.mean([teacher[t] for t in TARGETS]))},
                    "ceiling": _expected_row(ceiling, teacher, None),
                    "anchor": _expected_row(_stage_acc(out, seed, "anchor"), teacher, ceiling)}
         for m in ("ceiling", "anchor"):
@@ -110,10 +112,10 @@ def test_protocol_table_equals_values_recomputed_from_stage_outputs(tmp_path, wo
         if col == "pgr" or col.startswith("drift/"):
             cells.append(f"{mean:.3g} ± {std:.2g}")
         else:
-            cells.append(("" if col.startswith("acc/") or mean < 0 else "+") + f"{mean:.1f} ± {std:.1f}")
+            cells.append(("" if col.startswith("acc") or mean < 0 else "+") + f"{mean:.1f} ± {std:.1f}")
     md = open(os.path.join(out, "results.md")).read()
     assert "| anchor | " + " | ".join(cells) + " |" in md
-    assert "mean ± std over 2 seeds" in md
+    assert "Mean ± std over 2 seeds; accuracies" in md
     for seed in seeds:  # the teacher's error structure, as the student stage's data module measured it
         labels = results["teacher_labels"][seed]
         assert labels["pairs"] > 0 and 0.0 <= labels["error_rate"] <= 1.0 and "agreement_with_artifact" in labels
@@ -212,8 +214,10 @@ def test_ddp_protocol_writes_each_file_once_and_every_rank_computes_the_table(tm
     ranks = [json.load(open(tmp_path / f"table.rank{r}.json")) for r in (0, 1)]
     assert ranks[0] == ranks[1] == json.load(open(os.path.join(out, "results.json")))["rows"]
     assert list(ranks[0]) == ["teacher", "ceiling", "naive"]
-    # the report is printed once: its id_val and weak_val tables, its budget table
-    assert proc.stdout.count("| method | ID acc |") == 2 and proc.stdout.count("| method | fits |") == 1
+    # the report is printed once: its id_val table (nothing swept: weak_val's is the same, said in one line), its
+    # budget table
+    assert proc.stdout.count("| method | ID acc |") == 1 and proc.stdout.count("| method | fits |") == 1
+    assert proc.stdout.count("the table is the `id_val` table above, cell for cell") == 1
     for stage in ("teacher", "ceiling", "naive"):
         lines = open(os.path.join(out, "seed0", stage, "commands.sh")).read().splitlines()
         assert [line.split()[2] for line in lines] == ["fit", "test"], stage
@@ -344,8 +348,8 @@ def test_report_aggregates_seeds_as_mean_and_std():
     assert table["naive"]["aog/T"]["mean"] == -8.0 and table["naive"]["aog/T"]["per_seed"] == {0: -10.0, 1: -6.0}
     assert table["teacher"]["acc/S"]["mean"] == pytest.approx(80.0) and table["teacher"]["wrg"]["mean"] == 0.0
     md = markdown_table(table, display_columns("S", ["T"], False, []), 2)
-    assert "mean ± std over 2 seeds" in md
-    assert "| naive | 84.0 ± 2.8 | +4.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 |" in md
+    assert "Mean ± std over 2 seeds; accuracies" in md
+    assert "| naive | 84.0 ± 2.8 | +4.0 ± 2.8 | 42.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 | -8.0 ± 2.8 |" in md
 
 
 def test_report_of_one_seed_prints_values_without_spread():
@@ -354,9 +358,10 @@ def test_report_of_one_seed_prints_values_without_spread():
     table = aggregate({"teacher": {0: TEACHER}, "naive": {0: _stage((82.0, 40.0), (80.0, 50.0))}}, "S")
     assert table["naive"]["wrg"] == {"mean": 2.0, "std": None, "n": 1, "ci95": None, "per_seed": {0: 2.0}}
     md = markdown_table(table, display_columns("S", ["T"], False, []), 1)
-    assert "Percent points, 1 seed." in md and "±" not in md
-    assert "| naive | 82.0 | +2.0 | -10.0 | -10.0 | -10.0 |" in md
-    assert "| teacher | 80.0 | +0.0 | +0.0 | +0.0 | +0.0 |" in md
+    assert md.startswith("1 seed; accuracies (ID acc, OOD acc) in %, gains (WRG, AOG, NTS) in percent points.")
+    assert "±" not in md
+    assert "| naive | 82.0 | +2.0 | 40.0 | -10.0 | -10.0 | -10.0 |" in md  # OOD acc 40 = the teacher's 50 − 10
+    assert "| teacher | 80.0 | +0.0 | 50.0 | +0.0 | +0.0 | +0.0 |" in md
 
 
 def test_report_intervals_are_student_t_over_seeds():
@@ -475,8 +480,10 @@ def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp
         (tmp_path / name / "results.json").write_text(json.dumps({"id_source": "src", "rows": rows}))
         (tmp_path / name / "protocol.json").write_text(json.dumps(protocol))
         (tmp_path / name / "set.json").write_text(json.dumps({"stages": {}}))  # a set folder that read no stage
-    table = lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "abl")]).splitlines()
+    text = lambda_curve(["--out_dir", str(tmp_path / "main"), "--out_dir", str(tmp_path / "abl")])
+    table = [line for line in text.splitlines() if line.startswith("|")]
     assert [line.split(" | ")[1] for line in table[2:]] == ["naive", "lam1", "anchor"]
+    assert "ID acc: the student's accuracy on the ID test split (%). WRG: its ID acc − the teacher's (percent points)" in text
     # seed 2 exists only in the main run: dropped from every point
     assert table[2] == "| 0 | naive | 81.0 ± 1.4 (80.0, 82.0) | 2.0 ± 1.4 (1.0, 3.0) | -1.0 ± 1.4 (-2.0, 0.0) |"
     assert table[3] == "| 1 | lam1 | 85.0 ± 1.4 (84.0, 86.0) | 6.0 ± 1.4 (5.0, 7.0) | 3.0 ± 1.4 (2.0, 4.0) |"
