@@ -135,7 +135,7 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     weak_by_reference = {r: d for r in references if (d := paired(weak, r))}
     steps = same_step(p, stages_raw)
     oracle_part = ("Oracle selection (`oracle_target`: each swept method's value picked on the target **test** splits; "
-                   "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds), SHORT_LEGEND)
+                   "an upper bound, not a result):\n\n" + markdown_table(oracle, cols, len(p.seeds), short_legend(cols))
                    ) if oracle else ""
     full_legend = "\n".join(line for line in (legend(cols, id_source, len(p.seeds), worked_example(table, targets)),
                                               teacher_differences_line(table, id_source, targets)) if line)
@@ -208,7 +208,7 @@ def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: 
             "is not printed again.", selection_markdown(selection, "weak_val")) if part)
     head = f"Selection `weak_val` ({WEAK_VAL_RULE}). Rows nested on another method's `id_val` pick are left out:"
     return "\n\n".join(part for part in (
-        head, selection_markdown(selection, "weak_val"), markdown_table(weak, cols, n_seeds, SHORT_LEGEND),
+        head, selection_markdown(selection, "weak_val"), markdown_table(weak, cols, n_seeds, short_legend(cols)),
         *(paired_markdown(d, r).replace("Paired differences", "Under `weak_val`, paired differences", 1)
           for r, d in by_reference.items())) if part)
 
@@ -434,8 +434,11 @@ def markdown_table(table: dict, cols: list[tuple[str, str]], n_seeds: int, legen
     return "\n".join(lines) + (f"\n\n{legend_text}" if legend_text else "")
 
 
-SHORT_LEGEND = ("Columns and units as in the legend under the first table: accuracies in %, WRG / AOG / NTS in percent "
-                "points against the teacher row, PGR a ratio.")
+def short_legend(cols: list[tuple[str, str]]) -> str:
+    """The one-line legend of the later tables of the same columns (`weak_val`, oracle)."""
+    pgr = ", PGR a ratio" if any(c == "pgr" for c, _ in cols) else ""
+    return ("Columns and units as in the legend under the first table: accuracies in %, WRG / AOG / NTS in percent "
+            f"points against the teacher row{pgr}.")
 
 
 def legend(cols: list[tuple[str, str]], id_source: str, n_seeds: int, example: str = "") -> str:

@@ -133,7 +133,8 @@ def test_weak_val_is_printed_when_its_picks_differ(tmp_path):
     assert weak["anchor"] == {"ID acc": 86.0, "WRG": 2.0, "OOD acc T": 40.0, "AOG T": 22.0, "mean AOG": 22.0,
                               "NTS": 22.0}
     after = md[md.index("Selection `weak_val`"):]
-    assert after.count("Columns and units as in the legend under the first table") == 2  # weak_val's, the oracle's
+    assert after.count("Columns and units as in the legend under the first table: accuracies in %, WRG / AOG / NTS in "
+                       "percent points against the teacher row.\n") == 2  # weak_val's, the oracle's; no PGR column
 
 
 def test_a_row_scored_against_another_teacher_accuracy_is_named(tmp_path):
@@ -193,3 +194,16 @@ def test_the_regime_table_gives_the_accuracies_behind_naive_gains_and_a_legend(t
                         "-3.0 [-15.7, +9.7] (T: teacher 19.0 → naive 16.0)"]
     assert "\nLegend (accuracies and shares in %, gains in percent points;" in text
     assert "- naive worst AOG: naive's OOD accuracy − the teacher's on the target where that gain is lowest" in text
+
+
+def test_docs_show_the_report_as_it_is_rendered(tmp_path):
+    """docs/w2s.md's example of the table (caption, table, legend) is this report, verbatim."""
+    import os
+
+    md = _run(tmp_path)[2]["markdown"]
+    parts = md.split("\n\n")
+    start = next(i for i, part in enumerate(parts) if part.startswith("1 seed; accuracies"))
+    shown = "\n\n".join(parts[start:start + 3])
+    assert shown.splitlines()[-1].startswith("- PGR, performance gap recovered")
+    docs = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "w2s.md"), encoding="utf-8").read()
+    assert f"```text\n{shown}\n```" in docs
