@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow mixture-demo venv smollm2 clean-cache
+.PHONY: demo test test-slow mixture-demo venv smollm2 vader clean-cache
 
 venv: $(BIN)/.installed
 
@@ -27,6 +27,12 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 # Optional: the first use of "smollm2" as a backbone or tokenizer does the same.
 smollm2: venv
 	$(BIN)/python -m datamodules.pretrained_models smollm2
+
+# The VADER ICWSM-2014 corpus (docs/vader_icwsm.md): fetches vaderSentiment 3.3.2's sdist from the package registry
+# (pip download; 2.5 MB), checks its pinned SHA-256 and unpacks the corpus into $SHIFTGEN_CACHE/vader_icwsm_2014/.
+# Needed by the vader_* sources and configs/experiment/w2s_vader_*.yaml; `make test` uses a fixture instead.
+vader: venv
+	$(BIN)/python -m datamodules.preference.vader_corpus install
 
 demo: venv
 	$(BIN)/python -m protocols.w2s --config configs/experiment/w2s_demo.yaml
