@@ -38,6 +38,8 @@ from datamodules.preference.label_diagnostics import weak_label_diagnostics
 from datamodules.preference.records import RECORD_KEYS, fingerprint
 from datamodules.preference.samplers import LengthGroupedSampler
 from datamodules.preference.sources import DataError, build_source
+from datamodules.preference.labeller_labels import compute_labeller_labels
+from datamodules.preference.labelling_functions import build_labeller, is_labeller
 from datamodules.preference.weak_labels import WeakLabeller, read_weak_labels, weak_label_path
 from datamodules.tokenizers import load_tokenizer
 
@@ -121,8 +123,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         teacher_fraction: share of the source train split that forms the teacher half.
         val_fraction: share of train carved off as validation when the source has no validation split.
         max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
-        teacher_checkpoint: a teacher reward-model checkpoint, or "hf_classifier:<dir or hub id>" (an outside
-            `…ForSequenceClassification`, scored with its own head and tokenizer): its soft labels on the student
+        teacher_checkpoint: a teacher reward-model checkpoint, "hf_classifier:<dir or hub id>" (an outside
+            `…ForSequenceClassification`, scored with its own head and tokenizer), or "labeller:<name>" (a labelling
+            function, computed here without a model: docs/vader_icwsm.md): its soft labels on the student
             half become the training labels (computed once in `prepare_data` by the `weak_labeller` that `cli.py`
             attaches, cached) and its margins on every test split are attached to the test pairs, so teacher and
             student are scored on the same pairs.
@@ -398,6 +401,10 @@ class PreferenceDataModule(pl.LightningDataModule):
         seed = hp.seed if hp.label_seed is None else hp.label_seed
         path = weak_label_path(self.cache_dir, teacher, records["train_student"], tests, seed,
                                hp.max_length, hp.truncation, records["validation"])
+        if not os.path.isfile(path) and is_labeller(teacher):  # a labelling function: no model, computed here
+            rank_zero_info(f"[data] labelling {len(records['train_student'])} student-half pairs with {teacher}")
+            compute_labeller_labels(teacher, records["train_student"], tests, seed, path, records["validation"],
+                                    self._build_source)
         if not os.path.isfile(path):
             if self.weak_labeller is None:
                 raise RuntimeError(
@@ -412,6 +419,11 @@ class PreferenceDataModule(pl.LightningDataModule):
                                hp.truncation, path, batch_size=hp.eval_batch_size,
                                validation_records=records["validation"])
         return path
+
+    def _build_source(self, name: str):
+        """A source of this run with its options (what a labelling function reads human ratings from)."""
+        hp = self.hparams
+        return build_source(name, hp.local_dirs.get(name), **hp.source_options.get(name, {}))
 
     def _needed_kinds(self) -> list[str]:
         subset = self.hparams.train_subset
@@ -727,7 +739,9 @@ def extra_flag(i: int) -> str:
 
 def check_teacher(path: str, flag: str) -> None:
     """A teacher given by `flag`: an intact checkpoint file, or an outside classifier that can be found."""
-    if is_hf_classifier(path):  # an outside reward model (docs/export.md)
+    if is_labeller(path):  # a labelling function (docs/vader_icwsm.md): its name and options
+        build_labeller(path, flag)
+    elif is_hf_classifier(path):  # an outside reward model (docs/export.md)
         check_classifier_source(path, flag)
     else:
         check_checkpoint_file(path, flag)
