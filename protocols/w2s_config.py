@@ -206,6 +206,11 @@ class W2SProtocol:
             stage only runs `cli.py test` (ID + OOD splits) and the students' weak labels are its margins. It is
             scored with its own head and tokenizer, as `cli.py test --model.backbone hf_classifier:<dir>` does;
             `teacher_args` still apply (data and trainer flags; model flags other than these are refused).
+        teacher_labeller: a labelling function as the teacher, "labeller:<name>[:key=value,...]"
+            (`datamodules/preference/labelling_functions.py`: the VADER lexicon, one human rater; vader_icwsm.md):
+            not trained; its stage runs `cli.py test` of `LabellerTeacherModule` on the students' data settings (the
+            student half, `student_args`' data flags, `teacher_args`, which must give `--model.tokenizer`: the
+            students'), so its row is scored on the students' pairs, and the students' weak labels are its margins.
         zero_shot: outside reward models ("hf_classifier:<dir or hub id>") tested as is on every split, with
             WRG / AOG / NTS against the teacher on the same pairs: extra rows `zero_shot_<directory name>`.
         zero_shot_args: extra `cli.py` arguments of the zero-shot stages (data flags that must match the other
@@ -251,6 +256,7 @@ class W2SProtocol:
     methods: list[Method]
     teacher_configs: list[str] = field(default_factory=list)
     teacher_pretrained: Optional[str] = None
+    teacher_labeller: Optional[str] = None
     zero_shot: list[str] = field(default_factory=list)
     zero_shot_args: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -322,12 +328,32 @@ class W2SProtocol:
         if self.teacher_search is not None and self.teacher_pretrained:
             raise ValueError("--teacher_search fits the teacher, --teacher_pretrained tests an outside one as is: "
                              "give one of them")
-        if not self.teacher_pretrained and not self.teacher_configs:
+        self._check_labeller()
+        if not self.teacher_pretrained and not self.teacher_labeller and not self.teacher_configs:
             raise ValueError("--teacher_configs is empty: give the teacher's model config files, or an outside "
                              "teacher as --teacher_pretrained hf_classifier:<dir or hub id>")
         for path in [*self.trainer_configs, *self.data_configs, *self.teacher_configs, *self.student_configs]:
             if not os.path.isfile(path):
                 raise ValueError(f"config file {path!r} does not exist")
+
+    def _check_labeller(self) -> None:
+        """A labelling-function teacher: a known labeller, and the only teacher (nothing to fit, no other model)."""
+        if self.teacher_labeller is None:
+            return
+        from datamodules.preference.labelling_functions import build_labeller, is_labeller
+
+        if not is_labeller(self.teacher_labeller):
+            raise ValueError(f"--teacher_labeller {self.teacher_labeller!r}: give 'labeller:<name>' "
+                             "(docs/vader_icwsm.md)")
+        build_labeller(self.teacher_labeller, "--teacher_labeller")
+        others = [k for k in ("teacher_configs", "teacher_pretrained", "teacher_search", "extra_teachers")
+                  if getattr(self, k)]
+        if others:
+            raise ValueError(f"--teacher_labeller is the teacher, a labelling function fitted on nothing: drop "
+                             f"{', '.join('--' + k for k in others)}")
+        if not any(a.startswith("--model.tokenizer") for a in self.teacher_args):
+            raise ValueError("--teacher_labeller: give the students' tokenizer in teacher_args "
+                             "('--model.tokenizer=<the student's>'): the teacher row's pairs are then the students'")
 
     @staticmethod
     def _check_fixed(method: Method, earlier: dict[str, Method]) -> None:

@@ -83,7 +83,13 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
         common = [f"--seed_everything={seed}", f"--data.seed={seed}"]
         teacher = (configs(p.trainer_configs + p.data_configs + p.teacher_configs) + common
                    + ["--data.train_subset=teacher"])
-        if p.teacher_pretrained:  # tested as is; a --model.tokenizer of teacher_args yields to the model's own
+        if p.teacher_labeller:  # a labelling function: `cli.py test` of its margins on the students' pairs
+            args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
+                    + labeller_args(p.teacher_labeller) + [a for a in p.student_args if a.startswith("--data.")]
+                    + p.teacher_args)
+            stages.append(Stage(seed, "teacher", "labelling-function teacher", os.path.join(seed_dir, "teacher"),
+                                args, PRETRAINED, pretrained=p.teacher_labeller))
+        elif p.teacher_pretrained:  # tested as is; a --model.tokenizer of teacher_args yields to the model's own
             stages.append(Stage(seed, "teacher", "outside teacher", os.path.join(seed_dir, "teacher"),
                                 teacher + outside_model_args(p.teacher_pretrained, p.teacher_args), PRETRAINED,
                                 pretrained=p.teacher_pretrained))
@@ -154,6 +160,13 @@ def label_arguments(p: W2SProtocol, m, value) -> tuple[tuple[str, ...], list[str
 
 PRETRAINED = "none (tested as is)"  # the checkpoint choice of a stage that does not fit
 ENSEMBLE_CLASS = "lightning_modules.reward.ensemble.RewardEnsembleModule"
+LABELLER_CLASS = "lightning_modules.reward.labeller_teacher.LabellerTeacherModule"
+
+
+def labeller_args(spec: str) -> list[str]:
+    """A labelling-function teacher's stage: its margins, from the data module's label file, tested as a model."""
+    return [f"--data.teacher_checkpoint={spec}", f"--model.class_path={LABELLER_CLASS}",
+            f"--model.init_args.labeller={spec}"]
 
 
 def _ensemble_stage(p: W2SProtocol, m, by_name: dict, seed: int, seed_dir: str, student: list[str]) -> Stage:

@@ -7,11 +7,12 @@ Everything lands in one JSON file, keyed by the teacher checkpoint (its path and
 records, the teacher's tokenization and the seed, written atomically: a second run (or every student of a protocol)
 reuses it.
 
-The teacher is a `RewardModelModule` checkpoint (.ckpt) or an outside reward model, `hf_classifier:<dir or hub id>`
-(any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md). The data layer never loads it: the
-scoring (`lightning_modules/reward/weak_labeller.py`: `compute_weak_labels`, a `WeakLabeller`) is handed to the data
-module from above (`cli.py`), and writes the file with `write_weak_labels`; the data module only names the file,
-keys it and reads it.
+The teacher is a `RewardModelModule` checkpoint (.ckpt), an outside reward model, `hf_classifier:<dir or hub id>`
+(any `…ForSequenceClassification`, e.g. an export of ours: docs/export.md), or a labelling function,
+`labeller:<name>` (`labelling_functions.py`, computed by the data module itself: no model). The data layer never
+loads a model: the scoring (`lightning_modules/reward/weak_labeller.py`: `compute_weak_labels`, a `WeakLabeller`) is
+handed to the data module from above (`cli.py`), and writes the file with `write_weak_labels`; the data module only
+names the file, keys it and reads it.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Optional, Protocol
 
 from datamodules.atomic_files import atomic_write_json
 from datamodules.classifier_paths import canonical_classifier, classifier_source, is_hf_classifier, looks_like_path
+from datamodules.preference.labelling_functions import is_labeller, labeller_key
 from datamodules.preference.prepared_index import file_sha256
 from datamodules.preference.records import fingerprint
 
@@ -44,6 +46,8 @@ def checkpoint_key(path: str, flag: str = "--data.teacher_checkpoint") -> str:
     keeps mtimes (`cp -p`, `rsync -a`) of other weights with the same sizes. The label cache therefore also keys the
     files' contents (`checkpoint_contents`).
     """
+    if is_labeller(path):  # a labelling function: its spec and code version (docs/vader_icwsm.md)
+        return labeller_key(path)
     if not is_hf_classifier(path):
         st = os.stat(path)
         return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
@@ -66,6 +70,8 @@ def checkpoint_contents(path: str) -> str:
     answered from a cache keyed by size and mtime: a teacher rewritten with its old sizes and mtimes would otherwise
     hand its students the old teacher's labels, and their published accuracies would be the old teacher's students'.
     """
+    if is_labeller(path):
+        return ""  # no bytes of its own: `checkpoint_key` names its code version
     if not is_hf_classifier(path):
         return file_sha256(path)
     source = classifier_source(path)
@@ -154,6 +160,8 @@ def write_weak_labels(out_path: str, teacher_checkpoint: str, seed: int, teacher
 
 def teacher_name(teacher_checkpoint: str) -> str:
     """The teacher as recorded in the label file: an absolute path (a directory's, after the prefix) or a hub id."""
+    if is_labeller(teacher_checkpoint):
+        return teacher_checkpoint
     return canonical_classifier(teacher_checkpoint) if is_hf_classifier(teacher_checkpoint) else os.path.abspath(
         teacher_checkpoint)
 
