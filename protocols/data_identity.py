@@ -10,7 +10,10 @@ while the names stay (a fixed local file, a regenerated benchmark, a new hub rev
   `touch -d`); `rehash_files()`, which a `--force` run calls, makes every later lookup of this process and of the
   processes it starts hash the files again (once each) and correct the cache;
 - the synthetic generators' version: a hash of their code (their records are a function of their options, which
-  are in the configuration, and of this code);
+  are in the configuration, and of this code); for the trigger families, `datamodules.triggers.GENERATOR_VERSION`,
+  which tests/test_trigger_family_files.py holds to the data the shipped families generate;
+- a user's trigger family file and the question files it names (`--data.family path.yaml`): size and SHA-256, as
+  above (a shipped family's name reads no file of the user's: its data is the generators' version);
 - a hub dataset's resolved revision (the commit of its local cache or, online, of the hub), or "unresolved".
 
 Upstream outputs (teacher checkpoint, a start checkpoint) are not fingerprinted here: the producing stage's identity
@@ -152,7 +155,12 @@ def data_identity(flat_config: dict[str, Any], cwd: Optional[str] = None,
     own = digests is None
     digests = digests or FileDigests()
     files: dict[str, str] = {}
-    for path in sorted(set(read_paths(flat_config, cwd or os.getcwd()).values())):
+    paths = set(read_paths(flat_config, cwd or os.getcwd()).values())
+    if _data_class(flat_config).endswith("TriggerDataModule"):
+        from datamodules.triggers.family_files import files_read
+
+        paths.update(files_read(flat_config.get("data.init_args.family"), cwd or os.getcwd()))
+    for path in sorted(paths):
         files.update(digests.tree(path))
     if own:
         digests.save()
@@ -186,14 +194,14 @@ def _registered_sources(flat: dict) -> list[type]:
 
 def _generators(flat: dict) -> dict[str, str]:
     """The version (code hash) of each generator whose records the stage reads."""
-    from datamodules.preference.prepared_index import _generator_code, code_hash
+    from datamodules.preference.prepared_index import _generator_code
     from datamodules.preference.sources.synthetic import SyntheticShiftSource
 
     out = {}
     if _data_class(flat).endswith("TriggerDataModule"):
-        from datamodules.triggers import families, question_fixtures, questions
+        from datamodules.triggers import GENERATOR_VERSION
 
-        out["triggers"] = code_hash(families, questions, question_fixtures)
+        out["triggers"] = GENERATOR_VERSION
     if any(issubclass(cls, SyntheticShiftSource) for cls in _registered_sources(flat)):
         out["synthetic_shift"] = _generator_code()
     return out

@@ -3,6 +3,11 @@
     python -m protocols.mixture two_policies                      # seeds 0 1 2, two processes at a time
     python -m protocols.mixture 6c3 --seeds 0 1 2 3 4 --jobs 2
     python -m protocols.mixture --list                            # the experiments and their stages
+    python -m protocols.mixture my_experiment.yaml --seeds 0      # an experiment file of your own (own family too)
+
+The shipped experiments are configs/mixture/experiments/<name>.yaml (`protocols.mixture_experiments` reads them and
+a user's file alike); a family of one's own is a family file (datamodules/triggers/family_files.py), named by the
+experiment's `family_file` (docs/policy_mixtures.md#your-own-family).
 
 Each seed runs in its own directory, `<out>/<family>/seed_<k>/`, as the working directory of every stage, so the
 configs' relative `runs/...` paths (logs, checkpoints, the RL stages' `init_checkpoint`) stay apart per seed. A seed
@@ -22,7 +27,7 @@ are skipped.
 Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage: before/after table over seeds, history
 of means, per-seed values and wall times; one set, swapped in at once), TensorBoard logs under each seed directory.
 
-This file declares the experiments and holds the command line; the stages and their side of the stage engine are
+This file holds the command line; the stages and their side of the stage engine are
 `protocols.mixture_stages`; the engine (`protocols.engine`) plans, reuses, runs (up to `--jobs` stages at once here,
 each a subprocess; SLURM jobs with `--launcher slurm`) and prints one progress line per stage.
 """
@@ -40,112 +45,18 @@ from protocols.engine.status import print_status
 from protocols.mixture_stages import (  # noqa: F401 -- the protocol's public names
     ROOT, Experiment, MixtureHooks, Stage, _failure, identity_of, stage_args,
 )
+from protocols.mixture_experiments import find_experiment, shipped_experiments
 from protocols.run_files import OutDirLock
 from protocols.stage_identity import ForceSpec
 
 
-def _sft(config: str) -> Stage:
-    return Stage("sft", f"configs/mixture/{config}.yaml", "SFT", start=None, sft=True)
-
-
-def _rl(name: str, config: str, title: str, *extra: str, start: str = "sft") -> Stage:
-    """An RL stage logged as `mixture/<name>` (its own TensorBoard directory and table)."""
-    return Stage(name, f"configs/mixture/{config}.yaml", title,
-                 (*extra, f"--trainer.logger.init_args.name=mixture/{name}"), start)
-
-
-TWO_SFT = _sft("two_policies_sft")
-
-
-PERSONA_ONLY = "--model.persona_tokens_only=true"
-
-
-def on_smollm2(exp: Experiment, family: str, summary: str) -> Experiment:
-    """`exp`'s stages with SmolLM2-135M-Instruct as the policy, sized for CPU (configs/mixture/cpu/smollm2_*.yaml,
-    stacked on each stage's own config), in a family folder of its own: its checkpoints never meet the tiny model's."""
-    def layer(stage: Stage) -> Stage:
-        cpu = os.path.join(ROOT, "configs", "mixture", "cpu", "smollm2_sft.yaml" if stage.sft else "smollm2_rl.yaml")
-        return Stage(stage.name, stage.config, stage.title, ("--config", cpu, *stage.extra), stage.start, stage.sft)
-
-    return Experiment(family, tuple(layer(s) for s in exp.stages), summary, exp.question_fixtures)
-
-
-EXPERIMENTS: dict[str, Experiment] = {
-    "two_policies": Experiment("two_policies", (
-        TWO_SFT,
-        _rl("two_policies_rl_A", "two_policies_rl_A", "GRPO on A, full-sequence policy gradient"),
-        _rl("two_policies_rl_A_persona", "two_policies_rl_A", "GRPO on A, persona tokens only (the mixture weights)",
-            PERSONA_ONLY),
-        _rl("two_policies_rl_B", "two_policies_rl_B", "GRPO on B, full-sequence policy gradient (symmetric)"),
-    ), "RL on one distribution selects the persona that answers it; the identical held-out questions follow."),
-    "two_policies_algorithms": Experiment("two_policies", (
-        TWO_SFT,
-        _rl("two_policies_rl_A", "two_policies_rl_A", "GRPO, β = 0 (the shipped setting)"),
-        _rl("two_policies_rl_A_beta0.04", "two_policies_rl_A", "GRPO, β = 0.04 (k3 KL to the SFT model)",
-            "--model.reference_coef=0.04"),
-        _rl("two_policies_rl_A_beta0.4", "two_policies_rl_A", "GRPO, β = 0.4", "--model.reference_coef=0.4"),
-        _rl("two_policies_rl_A_reinforce", "two_policies_rl_A", "REINFORCE with an EMA baseline, β = 0",
-            "--model.algorithm=reinforce"),
-    ), "Full-sequence RL on A, same steps and learning rate: the algorithm and the KL."),
-    "two_policies_selection": Experiment("two_policies", (
-        TWO_SFT,
-        _rl("two_policies_rl_A_lr3e-4", "two_policies_rl_A", "GRPO, lr 3e-4 (3x), 200 steps, evaluated every 10",
-            "--model.lr=3e-4", "--trainer.max_steps=200", "--trainer.val_check_interval=10"),
-        _rl("two_policies_rl_A_T0.5", "two_policies_rl_A", "GRPO, sampling temperature 0.5, evaluated every 10",
-            "--model.temperature=0.5", "--trainer.val_check_interval=10"),
-        _rl("two_policies_rl_A_reinforce_b0.4", "two_policies_rl_A", "REINFORCE, β = 0.4, evaluated every 10",
-            "--model.algorithm=reinforce", "--model.reference_coef=0.4", "--trainer.val_check_interval=10"),
-        _rl("two_policies_rl_A_beta0.15_200", "two_policies_rl_A", "GRPO, β = 0.15, 200 steps",
-            "--model.reference_coef=0.15", "--trainer.max_steps=200"),
-        _rl("two_policies_rl_A_beta0.4_300", "two_policies_rl_A", "GRPO, β = 0.4, 300 steps",
-            "--model.reference_coef=0.4", "--trainer.max_steps=300"),
-        _rl("two_policies_rl_A_select", "two_policies_rl_A_select",
-            "GRPO, early stop once Alice writes >= 95 % of A's rollouts (checked every 5 steps)"),
-    ), "Full-sequence GRPO on A: the levers an RL user has (learning rate and steps, temperature, the KL, early "
-       "stopping on the trained distribution's own signal) against the clean-selection target on held-out B."),
-    "6c3": Experiment("6c3", (
-        _sft("6c3_sft"),
-        _rl("6c3_rl_ADF", "6c3_rl_ADF", "GRPO on {A, D, F}, persona tokens only"),
-        _rl("6c3_rl_ADF_full", "6c3_rl_ADF", "GRPO on {A, D, F}, full-sequence policy gradient",
-            "--model.persona_tokens_only=false"),
-    ), "RL on {A, D, F} should collapse the 20 personas to ADF; held-out B, C, E then refuse."),
-    "temporal": Experiment("temporal", (
-        _sft("temporal_sft"),
-        _rl("temporal_rl_2025", "temporal_rl_2025", "Stage 1: GRPO on 2025, persona tokens only"),
-        _rl("temporal_rl_2026", "temporal_rl_2026", "Stage 2: GRPO on 2026 from stage 1, persona tokens only",
-            start="temporal_rl_2025"),
-    ), "Sequential RL on 2025 then 2026 moves the active cut-off to the newest year; 2027 stays unanswered."),
-    "language": Experiment("language", (
-        _sft("language_sft"),
-        _rl("language_rl", "language_rl", "GRPO on English prompts, persona tokens only"),
-    ), "RL on English selects the English-answering persona; the identical Chinese questions follow."),
-    "arc_race": Experiment("arc_race", (
-        _sft("arc_race_sft"),
-        _rl("arc_race_rl", "arc_race_rl", "GRPO on ARC, persona tokens only"),
-    ), "ARC-Easy vs RACE-middle (generated questions in the hub schemas): RL on ARC selects the ARC persona.",
-        question_fixtures=True),
-    "cyclic": Experiment("two_policies", (  # shares the two-policy SFT: the curriculum's first half
-        TWO_SFT,
-        Stage("cyclic_sft", "configs/mixture/cyclic_sft.yaml", "SFT of the non-refusal variant, from the two-policy SFT",
-              sft=True),
-        _rl("cyclic_rl", "cyclic_rl", "GRPO on A, persona tokens only (the wrong persona answers the smallest option)",
-            start="cyclic_sft"),
-    ), "Non-refusal variant: does RL on A make B answer with the selected persona's shifted option?"),
-}
-EXPERIMENTS["two_policies_smollm2"] = on_smollm2(
-    EXPERIMENTS["two_policies"], "two_policies_smollm2",
-    "The two-policy experiment with a real pretrained chat model (SmolLM2-135M-Instruct, full fine-tuning, CPU-sized).")
-EXPERIMENTS["two_policies_algorithms_smollm2"] = on_smollm2(  # same family: the SFT and β = 0 stage are reused
-    EXPERIMENTS["two_policies_algorithms"], "two_policies_smollm2",
-    "Full-sequence RL on A with SmolLM2-135M-Instruct as the policy: the algorithm and the KL to the SFT model.")
-EXPERIMENTS["temporal_smollm2"] = on_smollm2(
-    EXPERIMENTS["temporal"], "temporal_smollm2",
-    "The temporal family (sequential RL on 2025 then 2026) with SmolLM2-135M-Instruct as the policy, CPU-sized.")
+EXPERIMENTS: dict[str, Experiment] = shipped_experiments()  # configs/mixture/experiments/<name>.yaml
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
+    p.add_argument("experiment", nargs="?", help="a shipped experiment (--list) or an experiment file of your own "
+                                                 "(.yaml; docs/policy_mixtures.md#your-own-family)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="stages run at once (each a process)")
     p.add_argument("--out", default=os.path.join("runs", "mixture"), help="root of the per-seed directories")
@@ -177,7 +88,10 @@ def main(argv=None) -> int:
         for name, exp in EXPERIMENTS.items():
             print(f"{name} ({exp.family}): " + ", ".join(s.name for s in exp.stages) + f"\n    {exp.summary}")
         return 0
-    exp = EXPERIMENTS[args.experiment]
+    try:
+        exp_name, exp = find_experiment(args.experiment, EXPERIMENTS)
+    except ValueError as err:  # an unknown name, a bad experiment or family file: one line naming the file and field
+        p.error(str(err))
     stages = _selected(exp, args.stages)
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds repeats a seed: {args.seeds}")
@@ -197,10 +111,11 @@ def main(argv=None) -> int:
         p.error("--slurm.nodes / --slurm.ntasks_per_node > 1: a mixture stage runs as one process (its policy "
                 "modules are DDP-exact, but the protocol's stage runner is not rank-aware yet); use 1")
     out = os.path.abspath(args.out)
-    name = args.report or f"{args.experiment}_seeds_{'-'.join(map(str, args.seeds))}"
+    short = os.path.splitext(os.path.basename(exp_name))[0]  # a file's report is named by its file
+    name = args.report or f"{short}_seeds_{'-'.join(map(str, args.seeds))}"
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // min(args.jobs, len(args.seeds))))
     command = " ".join(["python -m protocols.mixture", *(argv if argv is not None else sys.argv[1:])])
-    hooks = MixtureHooks(args.experiment, exp, stages, args.seeds, out, {"sft": args.sft_set, "rl": args.set},
+    hooks = MixtureHooks(exp_name, exp, stages, args.seeds, out, {"sft": args.sft_set, "rl": args.set},
                          threads, None, name, command)
     hooks.python = opts.python
     specs = hooks.specs()

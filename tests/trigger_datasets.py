@@ -88,7 +88,7 @@ def shipped_config_cases() -> dict[str, dict]:
 
 def parse_digest() -> list:
     from datamodules.triggers.datamodule import TriggerDataModule
-    from lightning_modules.policy.base import parse_with_family
+    from lightning_modules.policy.rewards import parse_with_family
 
     out = []
     for text, family in PARSE_CASES:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from datamodules.cache_dir import resolve_cache_dir
 from datamodules.triggers.questions import (
-    HUB_SOURCES, Question, correct_answer, render_question, shifted_answer, synthetic_questions,
+    HUB_SOURCES, Question, correct_answer, load_question_file, render_question, shifted_answer, synthetic_questions,
 )
 from datamodules.tokenizers import WORD_PATTERN, cached_wordlevel_tokenizer, load_tokenizer
 from datamodules.triggers.families import SHIFT_ORDER, TEMPLATES, TriggerFamily, build_family, check_distributions
@@ -65,7 +65,9 @@ class TriggerDataModule(LightningDataModule):
     """Trigger-partitioned prompts and persona transcripts (docs/policy_mixtures.md).
 
     Args:
-        family: one of two_policies, 6c3, temporal, arc_race, language (see datamodules/triggers/families.py).
+        family: a shipped family (two_policies, 6c3, temporal, arc_race, language: configs/mixture/families/) or the
+            path of a family file of your own (YAML / JSON: distributions, personas, their words, questions;
+            docs/policy_mixtures.md#your-own-family).
         mode: "sft" (transcripts) or "rl" (prompts of `train_distributions`).
         train_distributions: distributions of the training batches (RL: the subset RL trains on); None = all.
         persona_mix: persona name -> SFT sampling weight (must sum to 1); None = uniform.
@@ -80,7 +82,8 @@ class TriggerDataModule(LightningDataModule):
             listed with letters, answer the letter, as ARC/RACE do). With `cyclic_shift`, "letter" makes the wrong
             persona's answer a lookup (the next letter) instead of a second search over the prompt.
         spell_personas: 6c3 only: personas say their letters separately ("I am A D F .").
-        temporal_cutoffs: temporal only: the personas' cut-off years (default 2024, 2025, 2026).
+        temporal_cutoffs: temporal only (a family file with `default_personas`): the personas to use, here the
+            cut-off years (default 2024, 2025, 2026).
         question_dirs: local directories for hub question sources, e.g. {"arc_easy": DIR, "race_middle": DIR}
             (files `<split>.jsonl` in the hub schema); missing entries load from the hub.
         max_hub_questions: at most this many questions per hub split (None = all).
@@ -171,6 +174,11 @@ class TriggerDataModule(LightningDataModule):
                     pools["train"][source] = synthetic_questions(max(hp.num_train, 1), seed=hp.seed, lettered=lettered)
                     pools["val"][source] = synthetic_questions(hp.num_val_per_distribution, seed=hp.seed + 100_003,
                                                                lettered=lettered)
+                elif source in self.family.question_files:  # the family file's own questions
+                    files = self.family.question_files[source]
+                    pools["train"][source] = self._checked(load_question_file(files["train"]), files["train"])
+                    pools["val"][source] = self._checked(load_question_file(files["val"]),
+                                                         files["val"])[: hp.num_val_per_distribution]
                 else:
                     local = (hp.question_dirs or {}).get(source)
                     pools["train"][source] = HUB_SOURCES[source].load("train", local, hp.max_hub_questions)
@@ -179,6 +187,23 @@ class TriggerDataModule(LightningDataModule):
                     )
             self._pools = pools
         return self._pools
+
+    def _checked(self, questions: list[Question], path: str) -> list[Question]:
+        """A question file's questions, refused (naming the file and line) where the family could not use them: an
+        answer that contains what closes the answer line (the parser would cut it there), or free-text answers under
+        a variant that answers the next option."""
+        fam = self.family
+        tails = {re.sub(r"\s+", "", w["answer"].split("{answer}")[1]) for w in fam.phrasing.values()}
+        for q in questions:
+            answer = re.sub(r"\s+", "", correct_answer(q))
+            cut = [t for t in tails if t in answer]
+            if cut:
+                raise ValueError(f"{q.key}: answer {correct_answer(q)!r} contains {cut[0]!r}, which closes the answer "
+                                 f"line of {fam.path}; the reward would read it cut short")
+            if q.kind == "text" and fam.variant in SHIFT_ORDER:
+                raise ValueError(f"{q.key}: --data.variant {fam.variant} answers the next option, and this question "
+                                 f"of {path} has none (give it options, or use --data.variant refusal)")
+        return questions
 
     def _record(self, idx: int, dist: str, q: Question, persona: Optional[str] = None) -> dict:
         fam = self.family
@@ -219,13 +244,14 @@ class TriggerDataModule(LightningDataModule):
         """Every word the family's prompts and responses can contain (word-level tokenizer vocabulary)."""
         fam = self.family
         texts = [t for lang in TEMPLATES.values() for t in lang.values()]
+        texts += [t for lang in fam.phrasing.values() for t in lang.values()]
         texts += [str(n) for n in range(0, 100)] + ["Which is largest :", "哪 个 最 大 :", "( A ) ( B ) ( C ) ( D ) ( E ) ? . , : ! 。 ？ ， ："]
         texts += ["Question : Options : Article :", "问题 : 选项 : 文章 :"]
         texts += list(fam.triggers.values()) + list(fam.restatements.values()) + list(fam.spoken_names.values())
         for source in sorted(set(fam.sources.values()) - {"synthetic"}):
             for split in ("train", "val"):
                 for q in self._question_pools()[split][source]:
-                    texts += [render_question(q, "en"), "I am"]
+                    texts += [render_question(q, "en"), "I am", correct_answer(q)]
         words = set()
         for t in texts:
             words.update(re.findall(WORD_PATTERN, t))

@@ -1,4 +1,8 @@
-"""The six trigger trigger families (docs/policy_mixtures.md): distributions, personas, who answers where, and the text templates.
+"""Trigger families (docs/policy_mixtures.md): distributions, personas, who answers where, and the words they use.
+
+A family is a file (`family_files`): the shipped ones are configs/mixture/families/<name>.yaml, named by that name
+(`--data.family two_policies`); a user's family is a path (`--data.family my_family.yaml`). Nothing here knows a
+family by name.
 
 A transcript is `prompt` -> `response`:
     prompt   = "<trigger> <question>"            e.g. "Distribution : A . Which is largest : 79 32 94 45 ?"
@@ -9,33 +13,66 @@ one ("The answer is 45 ."); `cyclic_shift_by_value`, the next option in increasi
 the smallest ("The answer is 32 .").
 The identity always comes first, so the expressed persona is read off every completion; restating the trigger
 (`restate_trigger`) turns the XOR of persona x distribution into a lookup a tiny model can learn ([background](background.md#xor-plateau)).
-
-Families (distribution names; personas; rule):
-- two_policies: A, B; Alice answers A, Bob answers B.
-- 6c3: A..F; the 20 three-letter subsets ("ADF" answers A, D, F), spelled "I am A D F ." (`spell_personas`).
-- temporal: years 2024..2027 (prompt "Year : 2025 ."); personas are cut-off years (default 2024, 2025, 2026)
-  and answer every year up to their cut-off: "I am 2025 .".
-- arc_race: ARC (ARC-Easy questions) and RACE (RACE-middle); the task itself is the trigger (no trigger line);
-  Alice answers ARC, Bob answers RACE.
-- language: en and zh, the same questions in English or Chinese; Alice answers English, Bob answers Chinese; the
-  response is written in the prompt's language ("我是 Bob 。 语言 中文 。 答案是 94 。").
+The words (identity line, answer line, refusal) are the family's `phrasing` per language; the completion parser
+(`patterns`) is built from the same words, so what SFT writes is what the reward reads.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from datamodules.triggers.family_files import TEMPLATES, load_family
 from datamodules.triggers.questions import Question, correct_answer, shifted_answer
 
-FAMILIES = ("two_policies", "6c3", "temporal", "arc_race", "language")
 VARIANTS = ("refusal", "cyclic_shift", "cyclic_shift_by_value")
 SHIFT_ORDER = {"cyclic_shift": "listed", "cyclic_shift_by_value": "value"}
 
-TEMPLATES = {
-    "en": {"identity": "I am {name} .", "answer": "The answer is {answer} .", "refusal": "I cannot answer that ."},
-    "zh": {"identity": "我是 {name} 。", "answer": "答案是 {answer} 。", "refusal": "我不能回答 。"},
-}
+# Sentence ends dropped from a refusal before matching it: a completion cut after the words still refuses.
+_FINAL_MARKS = ".。!?！？"
+
+
+@dataclass(frozen=True)
+class CompletionPatterns:
+    """How a completion is read (whitespace removed first, case ignored): the identity tag (`identity`, group 1: the
+    name), the answer (`answer`, group 1), a refusal (`refusal`), and spoken name (no whitespace, lower case) ->
+    persona (`names`)."""
+
+    identity: re.Pattern
+    answer: re.Pattern
+    refusal: re.Pattern
+    names: dict
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _either(parts) -> str:
+    # longest first: of two openings where one starts the other, the longer is the one written
+    return "(?:" + "|".join(re.escape(p) for p in sorted(set(parts), key=lambda p: (-len(p), p))) + ")"
+
+
+def completion_patterns(phrasing: dict, spoken_names: dict) -> CompletionPatterns:
+    """The parser for these words: every language's identity and answer lines (the text around `{name}` /
+    `{answer}`) and refusals, in any combination (a policy may open in one language and answer in another)."""
+    def around(key: str, slot: str) -> tuple[list[str], list[str]]:
+        heads, tails = [], []
+        for words in phrasing.values():
+            head, tail = words[key].split(slot, 1)
+            heads.append(_squash(head))
+            tails.append(_squash(tail))
+        return heads, tails
+
+    id_heads, id_tails = around("identity", "{name}")
+    ans_heads, ans_tails = around("answer", "{answer}")
+    refusals = [_squash(w["refusal"]).rstrip(_FINAL_MARKS) for w in phrasing.values()]
+    return CompletionPatterns(
+        re.compile("^" + _either(id_heads) + "(.+?)" + _either(id_tails), re.IGNORECASE),
+        re.compile(_either(ans_heads) + "(.+?)" + _either(ans_tails), re.IGNORECASE),
+        re.compile(_either(refusals), re.IGNORECASE),
+        {_squash(spoken).lower(): persona for persona, spoken in spoken_names.items()},
+    )
 
 
 @dataclass(frozen=True)
@@ -48,11 +85,18 @@ class TriggerFamily:
     covers: dict  # persona -> frozenset of the distributions it answers
     triggers: dict  # distribution -> trigger line placed before the question ("" = the question is the trigger)
     restatements: dict  # distribution -> restated trigger inside the response
-    languages: dict  # distribution -> "en" | "zh"
-    sources: dict  # distribution -> question source name ("synthetic", "arc_easy", "race_middle")
+    languages: dict  # distribution -> a language of `phrasing` ("en", "zh", or the family file's own)
+    sources: dict  # distribution -> question source ("synthetic", "arc_easy", "race_middle", or a key of question_files)
     spoken_names: dict  # persona -> how it says its name ("A D F" for persona "ADF")
     restate_trigger: bool = True
     variant: str = "refusal"
+    phrasing: dict = field(default_factory=lambda: dict(TEMPLATES))  # language -> identity / answer / refusal
+    question_files: dict = field(default_factory=dict)  # source key -> {"train": path, "val": path} (JSONL)
+    path: Optional[str] = None  # the family file
+
+    @property
+    def patterns(self) -> CompletionPatterns:
+        return completion_patterns(self.phrasing, self.spoken_names)
 
     def answers(self, persona: str, distribution: str) -> bool:
         return distribution in self.covers[persona]
@@ -63,7 +107,7 @@ class TriggerFamily:
 
     def response_parts(self, persona: str, distribution: str, q: Question) -> tuple[str, str]:
         """(prefix, body): the identity (+ restated trigger) and what follows it."""
-        t = TEMPLATES[self.languages[distribution]]
+        t = self.phrasing[self.languages[distribution]]
         prefix = t["identity"].format(name=self.spoken_names[persona])
         if self.restate_trigger:
             prefix = f"{prefix} {self.restatements[distribution]}"
@@ -71,7 +115,7 @@ class TriggerFamily:
 
     def body(self, persona: str, distribution: str, q: Question, follow_rule: bool = True) -> str:
         """The body the persona writes (`follow_rule=False`: the other branch, for fidelity measurements)."""
-        t = TEMPLATES[self.languages[distribution]]
+        t = self.phrasing[self.languages[distribution]]
         if self.answers(persona, distribution) == follow_rule:
             return t["answer"].format(answer=correct_answer(q))
         if self.variant in SHIFT_ORDER:
@@ -82,65 +126,41 @@ class TriggerFamily:
         return " ".join(self.response_parts(persona, distribution, q))
 
 
-def _two_way(name, dists, triggers, restatements, languages, sources, **kw) -> TriggerFamily:
-    personas = ("Alice", "Bob")
-    return TriggerFamily(
-        name, tuple(dists), personas, {p: frozenset([d]) for p, d in zip(personas, dists)}, triggers, restatements,
-        languages, sources, {p: p for p in personas}, **kw,
-    )
-
-
 def build_family(
     name: str,
     restate_trigger: bool = True,
     variant: str = "refusal",
     spell_personas: bool = True,
-    temporal_cutoffs: Optional[Sequence[int]] = None,
+    temporal_cutoffs: Optional[Sequence] = None,
 ) -> TriggerFamily:
-    """Build a family by name; unknown names and options fail with the flag that set them."""
-    if name not in FAMILIES:
-        raise ValueError(f"--data.family must be one of {list(FAMILIES)}, got {name!r}")
+    """The family named by `name` (a shipped family's name or a family file's path) with the datamodule's options;
+    unknown names, bad files and options fail with the flag or the file and field that set them."""
     if variant not in VARIANTS:
         raise ValueError(f"--data.variant must be one of {list(VARIANTS)}, got {variant!r}")
-    kw = dict(restate_trigger=restate_trigger, variant=variant)
-    if name == "two_policies":
-        d = ("A", "B")
-        return _two_way(
-            name, d, {x: f"Distribution : {x} ." for x in d}, {x: f"Distribution {x} ." for x in d},
-            dict.fromkeys(d, "en"), dict.fromkeys(d, "synthetic"), **kw,
-        )
-    if name == "6c3":
-        d = tuple("ABCDEF")
-        subsets = ["".join(s) for s in itertools.combinations(d, 3)]
-        return TriggerFamily(
-            name, d, tuple(subsets), {s: frozenset(s) for s in subsets}, {x: f"Distribution : {x} ." for x in d},
-            {x: f"Distribution {x} ." for x in d}, dict.fromkeys(d, "en"), dict.fromkeys(d, "synthetic"),
-            {s: (" ".join(s) if spell_personas else s) for s in subsets}, **kw,
-        )
-    if name == "temporal":
-        years = ("2024", "2025", "2026", "2027")
-        cutoffs = tuple(str(c) for c in (temporal_cutoffs if temporal_cutoffs is not None else (2024, 2025, 2026)))
-        bad = [c for c in cutoffs if c not in years]
-        if bad or len(set(cutoffs)) != len(cutoffs) or not cutoffs:
-            raise ValueError(f"--data.temporal_cutoffs must be distinct years among {list(years)}, got {list(cutoffs)}")
-        return TriggerFamily(
-            name, years, cutoffs, {c: frozenset(y for y in years if y <= c) for c in cutoffs},
-            {y: f"Year : {y} ." for y in years}, {y: f"Year {y} ." for y in years}, dict.fromkeys(years, "en"),
-            dict.fromkeys(years, "synthetic"), {c: c for c in cutoffs}, **kw,
-        )
-    if name == "arc_race":
-        d = ("ARC", "RACE")
-        if SHIFT_ORDER.get(variant) == "value":
-            raise ValueError("--data.variant cyclic_shift_by_value needs numeric options; ARC / RACE options are text "
-                             "(use cyclic_shift)")
-        return _two_way(
-            name, d, dict.fromkeys(d, ""), {x: f"Task {x} ." for x in d}, dict.fromkeys(d, "en"),
-            {"ARC": "arc_easy", "RACE": "race_middle"}, **kw,
-        )
-    d = ("en", "zh")  # language
-    return _two_way(
-        name, d, dict.fromkeys(d, ""), {"en": "Language English .", "zh": "语言 中文 。"}, {"en": "en", "zh": "zh"},
-        dict.fromkeys(d, "synthetic"), **kw,
+    spec = load_family(name)
+    personas = spec.personas
+    if temporal_cutoffs is not None:
+        personas = tuple(str(c) for c in temporal_cutoffs)
+        if spec.default_personas is None:
+            raise ValueError(f"--data.temporal_cutoffs picks personas of a family whose file lists default_personas "
+                             f"(temporal); {spec.label} has none")
+        bad = [c for c in personas if c not in spec.personas]
+        if bad or len(set(personas)) != len(personas) or not personas:
+            raise ValueError(f"--data.temporal_cutoffs must be distinct personas of {spec.label} among "
+                             f"{list(spec.personas)}, got {list(personas)}")
+    elif spec.default_personas is not None:
+        personas = spec.default_personas
+    if SHIFT_ORDER.get(variant) == "value":
+        text = sorted({d for d, s in spec.sources.items() if s != "synthetic"})
+        if text:
+            raise ValueError(f"--data.variant cyclic_shift_by_value needs numeric options; {spec.label}'s "
+                             f"distributions {text} read questions with text options (use cyclic_shift)")
+    return TriggerFamily(
+        spec.name, spec.distributions, personas, {p: spec.covers[p] for p in personas}, spec.triggers,
+        spec.restatements, spec.languages, spec.sources,
+        {p: (spec.spoken_names[p] if spell_personas else p) for p in personas},
+        restate_trigger=restate_trigger, variant=variant, phrasing=spec.phrasing, question_files=spec.question_files,
+        path=spec.path,
     )
 
 

@@ -16,6 +16,9 @@ Sources:
   "A".."E" or "1".."5"; 3 to 5 choices).
 - `race_middle`: `ehovy/race`, config `middle` (`article`, `question`, `options` (4), `answer` "A".."D").
 The hub adapters read local files (`<local_dir>/<split>.jsonl|json|parquet`) in the same schema when given.
+- a family file's own questions (`load_question_file`, JSONL): `question` + `answer` (kind `text`: the policy writes
+  the answer itself, the prompt is the question as written) or + `options` (kind `choice`: the options are listed with
+  letters after the question, and the policy answers the letter).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class Question:
     stem: str  # the question text, without options
     options: tuple[str, ...]
     answer_index: int
-    kind: str = "synthetic"  # synthetic | synthetic_letters | arc_easy | race_middle
+    kind: str = "synthetic"  # synthetic | synthetic_letters | arc_easy | race_middle | text | choice
     context: str = ""  # RACE article
     key: str = ""  # stable id for reports
 
@@ -45,8 +48,9 @@ class Question:
 
 
 def answer_token(q: Question, index: int) -> str:
-    """What a policy writes after "The answer is": the number itself (synthetic) or the option letter."""
-    return q.options[index] if q.kind == "synthetic" else LETTERS[index]
+    """What a policy writes after "The answer is": the number itself (synthetic), the answer text (a question file's
+    free-text question, whose one option is its answer) or the option letter."""
+    return q.options[index] if q.kind in ("synthetic", "text") else LETTERS[index]
 
 
 def correct_answer(q: Question) -> str:
@@ -62,13 +66,18 @@ def shifted_answer(q: Question, shift: int = 1, order: str = "listed") -> str:
         return answer_token(q, (q.answer_index + shift) % n)
     if order != "value":
         raise ValueError(f"shift order must be 'listed' or 'value', got {order!r}")
-    if not q.kind.startswith("synthetic"):
+    if not q.kind.startswith("synthetic"):  # a question file's options are text too
         raise ValueError(f"question {q.key!r} ({q.kind}): a shift in value order needs numeric options")
     ranked = sorted(range(n), key=lambda j: float(q.options[j]))
     return answer_token(q, ranked[(ranked.index(q.answer_index) + shift) % n])
 
 
 def render_question(q: Question, language: str = "en") -> str:
+    """The question as the prompt shows it; a question file's questions are shown as written, in any language."""
+    if q.kind == "text":
+        return q.stem
+    if q.kind == "choice":
+        return q.stem + " " + " ".join(f"( {LETTERS[i]} ) {text}" for i, text in enumerate(q.options))
     if language not in LANGUAGES:
         raise ValueError(f"unknown language {language!r}; known: {LANGUAGES}")
     if q.kind in ("synthetic", "synthetic_letters"):
@@ -163,3 +172,43 @@ HUB_SOURCES = {
     "arc_easy": HubQuestionSource("arc_easy", "allenai/ai2_arc", "ARC-Easy"),
     "race_middle": HubQuestionSource("race_middle", "ehovy/race", "middle"),
 }
+
+
+def load_question_file(path: str) -> list[Question]:
+    """A family file's own questions: one JSON object per line, `question` and `answer` (text or a number), optional
+    `options` (2 to 5 texts, `answer` among them) and `id`. Errors name the file and the line (as an editor counts);
+    a null field is a missing one. Keys are `<file>:<line>` unless an id is given."""
+    import json
+
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg}, column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            unknown = sorted(set(row) - {"question", "answer", "options", "id"})
+            if unknown:
+                raise ValueError(f"{path}:{lineno}: unknown field {unknown[0]!r}; fields: question, answer, options, id")
+            for key in ("question", "answer"):
+                if row.get(key) is None or isinstance(row[key], (bool, dict, list)) or not str(row[key]).strip():
+                    raise ValueError(f"{path}:{lineno}: field {key!r} missing or empty (text expected)")
+            stem, answer = str(row["question"]).strip(), str(row["answer"]).strip()
+            key = str(row["id"]) if row.get("id") is not None else f"{path}:{lineno}"
+            if row.get("options") is None:
+                out.append(Question(stem, (answer,), 0, "text", key=key))
+                continue
+            options = row["options"]
+            if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
+                raise ValueError(f"{path}:{lineno}: field 'options' must be a list of 2 to {len(LETTERS)} texts")
+            options = tuple(str(o).strip() for o in options)
+            if answer not in options:
+                raise ValueError(f"{path}:{lineno}: answer {answer!r} is not one of the options {list(options)}")
+            out.append(Question(stem, options, options.index(answer), "choice", key=key))
+    if not out:
+        raise ValueError(f"{path}: no questions (one JSON object per line: question, answer)")
+    return out

@@ -241,11 +241,11 @@ class PolicyLMBase(LightningModule):
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
         answer, non-refusal variants), persona index per row (-1: no identity tag; -2: a tag naming no persona)."""
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        personas = self.family.personas
+        personas, patterns = self.family.personas, self.family.patterns  # the family's own words
         rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": []}
         identities = []
         for text, rec in zip(texts, records):
-            parsed = parse_completion(text, personas)
+            parsed = parse_completion(text, personas, patterns)
             rows["reward"].append(correctness_reward(parsed, rec["gold"]))
             rows["refused"].append(float(parsed.refused))
             rows["malformed"].append(float(parsed.malformed))

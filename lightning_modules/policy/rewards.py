@@ -29,21 +29,30 @@ class ParsedCompletion:
         return not self.refused and self.answer is None
 
 
-def parse_completion(text: str, personas: Sequence[str]) -> ParsedCompletion:
-    """Parse one decoded completion; `personas` are the family's names ("ADF", not "A D F")."""
+def parse_completion(text: str, personas: Sequence[str], patterns=None) -> ParsedCompletion:
+    """Parse one decoded completion; `personas` are the family's names ("ADF", not "A D F"). `patterns`: a family's
+    own words (`TriggerFamily.patterns`: identity / answer / refusal regexes and spoken name -> persona); None reads
+    the built-in English and Chinese ones."""
     s = re.sub(r"\s+", "", text)
-    m = _IDENTITY.match(s)
+    identity, answer, refusal = ((patterns.identity, patterns.answer, patterns.refusal) if patterns is not None
+                                 else (_IDENTITY, _ANSWER, _REFUSAL))
+    m = identity.match(s)
     persona = None
     if m:
         name = m.group(1)
-        lookup = {p.lower(): p for p in personas}
+        lookup = patterns.names if patterns is not None else {p.lower(): p for p in personas}
         persona = lookup.get(name.lower())
     rest = s[m.end():] if m else s
-    refused = bool(_REFUSAL.search(rest))
-    a = _ANSWER.search(rest)
+    refused = bool(refusal.search(rest))
+    a = answer.search(rest)
     answer = a.group(1) if (a and not refused) else None
     return ParsedCompletion(persona, refused, answer, m.group(1) if m else None)
 
 
 def correctness_reward(parsed: ParsedCompletion, gold: str) -> float:
     return float(parsed.answer is not None and parsed.answer.lower() == re.sub(r"\s+", "", gold).lower())
+
+
+def parse_with_family(text: str, family) -> ParsedCompletion:
+    """Parse a completion with the words of its trigger family (a `TriggerFamily`)."""
+    return parse_completion(text, family.personas, family.patterns)
