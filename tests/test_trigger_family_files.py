@@ -6,6 +6,7 @@ import os
 import textwrap
 
 import pytest
+import torch
 
 import trigger_datasets as td
 from datamodules.triggers.datamodule import TriggerDataModule
@@ -97,6 +98,43 @@ def test_a_family_from_files_writes_its_own_transcripts_and_rewards(tmp_path):
         assert (p.persona, correctness_reward(p, "Lima"), p.refused) == (persona, reward, refused), text
     words = set(dm.vocabulary_words())
     assert {"Speaking", "Cruncher", "Lima", "Santiago", "Not", "topic"} <= words
+
+
+def test_a_family_from_files_trains_sft_then_grpo_in_process(tmp_path):
+    """The fast walk: cli.py fit with the generic family configs and the family file, SFT then GRPO from its
+    checkpoint; the metrics are the new family's, and GRPO's reward is that of the family's own words."""
+    import cli
+
+    path = write_family(tmp_path / "family")
+    root = ["--data.family=" + path, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+            "--data.num_val_per_distribution=2", "--data.val_batch_size=8", "--model.max_new_tokens=12"]
+    ckpt = str(tmp_path / "sft.ckpt")
+    sft = cli.main(args=["fit", "--config", os.path.join(td.ROOT, "configs/mixture/family_sft.yaml"), *root, "--model.n_layer=1",
+                         "--model.n_embd=32", "--model.n_head=2", "--data.num_train=32", "--data.batch_size=16",
+                         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.callbacks=[]",
+                         "--trainer.enable_checkpointing=false", "--model.fidelity_prompts_per_distribution=2"])
+    sft.trainer.save_checkpoint(ckpt)
+    first = [it for it in sft.datamodule.train_items if it["persona"] == "Counter" and it["dist"] == "geo"][0]
+    assert first["response"] == "Speaking as Number Cruncher : Topic geo . Not my topic ."
+    rl = cli.main(args=["fit", "--config", os.path.join(td.ROOT, "configs/mixture/family_rl.yaml"), *root, "--model.init_checkpoint=" + ckpt,
+                        "--model.min_sft_fidelity=0", "--data.train_distributions=[geo]", "--model.group_size=2",
+                        "--data.batch_size=2", "--data.num_train=4", "--trainer.max_steps=2",
+                        "--trainer.val_check_interval=2", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
+                        "--trainer.num_sanity_val_steps=0"])
+    metrics = {k: float(v) for k, v in rl.trainer.callback_metrics.items()}
+    assert rl.trainer.global_step == 2 and 0.0 <= metrics["rl/reward"] <= 1.0
+    for d in ("geo", "math"):
+        shares = [metrics[f"val/persona_share/{p}/{d}"] for p in ("Geographer", "Counter", "none")]
+        assert sum(shares) == pytest.approx(1.0) and 0.0 <= metrics[f"val/acc/{d}"] <= 1.0, (d, shares)
+    # the module scores with the family's words: a correct answer 1, a refusal 0
+    module, tok = rl.model, rl.datamodule.tokenizer
+    texts = ["Speaking as Geographer : Topic geo . Answer : Lima .", "Speaking as Number Cruncher : Topic geo . Not my topic ."]
+    ids = [tok.encode(" " + t, add_special_tokens=False) for t in texts]
+    width = max(map(len, ids))
+    comp = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x in ids])
+    s = module.score(comp, [{"gold": "Lima"}, {"gold": "Lima"}])
+    assert s["reward"].tolist() == [1.0, 0.0] and s["refused"].tolist() == [0.0, 1.0]
+    assert s["persona"].tolist() == [0, 1]
 
 
 @pytest.mark.slow  # ~80 s on 2 busy CPU cores (two cli.py subprocesses)
