@@ -243,3 +243,51 @@ def test_the_stages_of_one_seed_run_in_order_and_seeds_in_parallel(tmp_path):
         names = [f"seed_{seed}/{s.name}" for s in exp.stages]
         assert [specs[k].after for k in names] == [(), *((p,) for p in names[:-1])]
         assert all(specs[k].upstream in ((), (f"seed_{seed}/sft",)) for k in names)  # what they read is unchanged
+
+
+def test_experiments_are_yaml_files_and_a_users_file_names_its_family_and_configs(tmp_path, capsys):
+    """configs/mixture/experiments/<name>.yaml are the shipped experiments (an RL stage logs under its own name,
+    `extends` + `stack` layer the SmolLM2 configs); a user's file names its family file and configs relative to it."""
+    from protocols.mixture_experiments import load_experiment
+
+    exp = mixture.EXPERIMENTS["two_policies"]
+    assert [s.name for s in exp.stages] == ["sft", "two_policies_rl_A", "two_policies_rl_A_persona", "two_policies_rl_B"]
+    persona = exp.stages[2]
+    assert (persona.config, persona.start, persona.sft) == ("configs/mixture/two_policies_rl_A.yaml", "sft", False)
+    assert persona.extra == ("--model.persona_tokens_only=true",
+                             "--trainer.logger.init_args.name=mixture/two_policies_rl_A_persona")
+    assert mixture.EXPERIMENTS["cyclic"].stages[2].start == "cyclic_sft"
+    assert mixture.EXPERIMENTS["arc_race"].question_fixtures
+    smol = mixture.EXPERIMENTS["temporal_smollm2"].stages[1]
+    assert smol.extra[:2] == ("--config", os.path.join(mixture_stages.ROOT, "configs/mixture/cpu/smollm2_rl.yaml"))
+
+    (tmp_path / "fam.yaml").write_text("trigger: 'T : {distribution} .'\nrestate: 'T {distribution} .'\n"
+                                       "distributions: [x, y]\npersonas: {P: {answers: [x]}, Q: {answers: [y]}}\n")
+    (tmp_path / "my_rl.yaml").write_text(open(os.path.join(mixture_stages.ROOT, "configs/mixture/family_rl.yaml")).read())
+    (tmp_path / "exp.yaml").write_text("# mine\nfamily_file: fam.yaml\nstages:\n  - {name: sft, config: family_sft, sft: true}\n"
+                                       "  - {name: rl_x, config: my_rl.yaml, args: ['--data.train_distributions=[x]']}\n")
+    mine = load_experiment(str(tmp_path / "exp.yaml"), mixture.EXPERIMENTS)
+    assert mine.family == "fam"  # the family file's name (no `name:` field: its file name)
+    assert mine.stages[0].extra == ("--data.family=" + str(tmp_path / "fam.yaml"),)
+    assert mine.stages[1].config == str(tmp_path / "my_rl.yaml") and mine.stages[1].start == "sft"
+    _, config = mixture.identity_of(mine.stages[1], mixture.stage_args(mine.stages[1], 0, [], None), None)
+    assert config["data"]["init_args"]["train_distributions"] == ["x"]
+    assert config["data"]["init_args"]["family"] == str(tmp_path / "fam.yaml")
+
+    for text, message in [
+        ("family: f\nstages:\n  - {name: sft, config: family_sft}\n", "stages[0]: the first stage is an SFT"),
+        ("family: f\nstages:\n  - {name: sft, config: family_sft, sft: true}\n  - {name: r, config: nope}\n",
+         "stages[1].config: no shipped config configs/mixture/nope.yaml"),
+        ("family: f\nstage: []\n", "stage: unknown field (did you mean 'stages'?)"),
+        ("family: f\nstages:\n  - {name: sft, config: family_sft, sft: true}\n  - {name: r, config: family_rl, start: q}\n",
+         "stages[1].start: 'q' is no stage before it"),
+        ("family_file: nope.yaml\nstages: []\n", "family_file: no file 'nope.yaml'"),
+    ]:
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(SystemExit):
+            mixture.main([str(tmp_path / "bad.yaml")])
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'bad.yaml'}: {message}" in err, err
+    with pytest.raises(SystemExit):
+        mixture.main(["two_polices"])
+    assert "did you mean 'two_policies'?" in capsys.readouterr().err

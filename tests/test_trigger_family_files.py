@@ -96,6 +96,14 @@ def test_a_family_from_files_writes_its_own_transcripts_and_rewards(tmp_path):
     ]:
         p = parse_with_family(text, fam)
         assert (p.persona, correctness_reward(p, "Lima"), p.refused) == (persona, reward, refused), text
+    # the same family as JSON reads the same
+    import yaml
+
+    as_json = tmp_path / "topics.json"
+    as_json.write_text(json.dumps(yaml.safe_load(open(path))))
+    same = TriggerDataModule(family=str(as_json), num_train=40, num_val_per_distribution=2, seed=0)
+    same.setup("fit")
+    assert [it["response"] for it in same.train_items] == [it["response"] for it in dm.train_items]
     words = set(dm.vocabulary_words())
     assert {"Speaking", "Cruncher", "Lima", "Santiago", "Not", "topic"} <= words
 
