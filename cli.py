@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks.reference_model import ReferenceModelCallback
-from cli_guards import ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements, inner_cause
+from cli_guards import (ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements, cli_error_line, inner_cause,
+                        run_log_of)
+from command_errors import TRACEBACK_ENV, exit_with, run_command, split_traceback_flag
 from lightning_modules.checkpoint_checks import CheckpointError
 from lightning_modules.checkpoint_io import install_atomic_checkpoint_io
 from lightning_modules.reward.weak_labeller import attach_weak_labeller
@@ -71,7 +74,10 @@ class ShiftCLI(LightningCLI):
         return trainer
 
 
-def main(args=None, run: bool = True) -> ShiftCLI:
+def main(args=None, run: bool = True, exit_on_error: bool = True) -> ShiftCLI:
+    """The command as a library call (the protocols, the tests): returns the CLI object (its trainer, model, data)
+    and raises what the run raised. `exit_on_error=False`: a parser error raises `ArgumentError` (its lead line:
+    the mistyped key and the closest valid one) instead of printing jsonargparse's usage text and exiting."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, list) and argv[:1] == ["export"]:  # not a Trainer subcommand: no LightningCLI
@@ -88,10 +94,32 @@ def main(args=None, run: bool = True) -> ShiftCLI:
             "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                        "init_args": {"save_dir": "runs", "name": "default"}},
         },
+        parser_kwargs={"exit_on_error": exit_on_error},
         args=args,
         run=run,
     )
 
 
+def run(argv: Optional[list[str]] = None) -> int:
+    """`python cli.py ...` as a function: the exit code, after one `error:` line on stderr when the command fails
+    (the traceback with --traceback or SHIFTGEN_TRACEBACK=1, and in the run's log folder when it has one:
+    command_errors.py, docs/reward_model.md "Command line"). None: sys.argv, which keeps the arguments that DDP's
+    re-executed ranks read, less --traceback."""
+    if argv is None:
+        show, sys.argv[1:] = split_traceback_flag(sys.argv[1:])
+        if show:  # for run_command below, and for the ranks DDP re-executes from sys.argv
+            os.environ[TRACEBACK_ENV] = "1"
+    given = sys.argv[1:] if argv is None else argv
+    return run_command(lambda args: main(None if argv is None else args, exit_on_error=False), given,
+                       prog=f"cli.py {_subcommand(given)}".strip(),
+                       describe=cli_error_line, log_of=run_log_of,
+                       interrupted="the run did not finish; its checkpoints so far are in its folder "
+                                   "(--ckpt_path <file> resumes a fit)")
+
+
+def _subcommand(argv: list[str]) -> str:
+    return next((a for a in argv if a in ("fit", "validate", "test", "predict", "export")), "")
+
+
 if __name__ == "__main__":
-    main()
+    exit_with(run())

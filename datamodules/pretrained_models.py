@@ -333,4 +333,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from command_errors import exit_with, run_command
+
+    exit_with(run_command(main, prog="python -m datamodules.pretrained_models"))

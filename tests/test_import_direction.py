@@ -23,16 +23,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # `analysis/` is pure math (the Prop. 2.1 simulator): a ground-floor room that imports nothing of the project.
 FLOORS = {
     "analysis": 0,
+    "command_errors": 0,  # one line per failure of any command: the standard library only
     "datamodules": 0,
     "lightning_modules": 1,
     "callbacks": 2,
     "cli": 3,
     "cli_guards": 3,
+    "cli_defaults": 3,
     "protocols": 4,
     "benchmarks": 5,
 }
 # Rooms that import nothing of the project outside themselves.
-SELF_CONTAINED = {"analysis"}
+SELF_CONTAINED = {"analysis", "command_errors"}
 
 ENGINE = "protocols.engine"
 # The protocol modules the stage engine may import (shared helpers that know no protocol); everything else under

@@ -171,14 +171,14 @@ def test_regime_table_refuses_two_rows_of_one_name(finished, tmp_path, capsys):
     assert "--run names ['a'] more than once" in capsys.readouterr().err
 
 
-def test_a_protocol_refusal_is_one_line_and_debug_shows_the_traceback(tmp_path, word_tokenizer_dir):
+def test_a_protocol_refusal_is_one_line_and_traceback_shows_the_traceback(tmp_path, word_tokenizer_dir):
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, str(tmp_path / "cache"), seeds=[0, 0])
     command = [sys.executable, "-m", "protocols.w2s", "--config", _write(tmp_path, cfg)]
     plain = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert plain.returncode == 2
     assert plain.stderr.startswith("error: --seeds repeats [0]: [0, 0]; each seed is one run"), plain.stderr
-    assert "Traceback" not in plain.stderr and len(plain.stderr.splitlines()) == 2
-    debug = subprocess.run(command + ["--debug"], cwd=ROOT, capture_output=True, text=True)
+    assert "Traceback" not in plain.stderr and len(plain.stderr.splitlines()) == 1
+    debug = subprocess.run(command + ["--traceback"], cwd=ROOT, capture_output=True, text=True)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 

@@ -23,7 +23,12 @@ def question_dirs(tmp_path_factory):
 
 
 def test_shipped_families_generate_what_the_python_families_did(question_dirs):
+    """A change here means the shipped data changed: bump datamodules.triggers.GENERATOR_VERSION and rewrite the pin
+    (`python tests/trigger_datasets.py`), or finished runs would be reused as if their data were the same."""
+    from datamodules.triggers import GENERATOR_VERSION
+
     pinned = json.load(open(td.PINNED, encoding="utf-8"))
+    assert pinned["generator_version"] == GENERATOR_VERSION
     for i in FAST_GRID:
         assert td.datamodule_digest({**td.SMALL, **td.GRID[i]}, question_dirs) == pinned["grid"][i], td.GRID[i]
     assert td.parse_digest() == pinned["parse"]

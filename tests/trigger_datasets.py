@@ -2,7 +2,8 @@
 family files, and their transcripts, prompts, held-out questions, vocabulary and completion parsing must be the same
 bytes as before. The pinned values (tests/fixtures/trigger_datasets.json) were computed from the Python families
 (commit 54d6037, before the move); `python tests/trigger_datasets.py` writes them again, which only a change that is
-*meant* to change the shipped data may do."""
+*meant* to change the shipped data may do, and only with a new `datamodules.triggers.GENERATOR_VERSION` (part of
+every mixture stage's identity): the script refuses otherwise."""
 from __future__ import annotations
 
 import dataclasses
@@ -112,8 +113,15 @@ if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     from datamodules.triggers.question_fixtures import write_question_fixtures
 
+    from datamodules.triggers import GENERATOR_VERSION
+
     with tempfile.TemporaryDirectory() as tmp:
         digests = all_digests(write_question_fixtures(tmp))
+    old = json.load(open(PINNED, encoding="utf-8"))
+    if GENERATOR_VERSION == old["generator_version"] and {k: old[k] for k in digests} != digests:
+        sys.exit("the shipped families' data changed: give datamodules.triggers.GENERATOR_VERSION a new value first "
+                 "(every mixture stage's identity changes with it, so finished runs are not reused as if unchanged)")
+    digests = {"generator_version": GENERATOR_VERSION, **digests}
     with open(PINNED, "w", encoding="utf-8") as f:
         json.dump(digests, f, indent=1, ensure_ascii=False)
         f.write("\n")

@@ -157,4 +157,6 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from command_errors import exit_with, run_command  # one line per failure, --traceback for the traceback
+
+    exit_with(run_command(main, prog="python -m datamodules.preference.write_hub_benchmark"))

@@ -51,17 +51,20 @@ def main(argv: Optional[list[str]] = None) -> dict:
                         help="test results JSON for the model card (test_results.json, or a protocol stage's "
                              "result.json); default: the protocol's result.json beside the checkpoint, if any")
     args = parser.parse_args(argv)
+    from command_errors import one_line
     from lightning_modules.export.reward_model import ExportError
 
     try:
         facts = export_checkpoint(args.ckpt_path, args.out_dir, args.lora_only, args.results)
-    except ExportError as err:
-        parser.exit(2, f"cli.py export: refused: {err}\n")
+    except ExportError as err:  # one line, as every command's refusal (command_errors.py)
+        parser.exit(2, f"error: cli.py export refused: {one_line(str(err))}\n")
     except ValueError as err:
-        parser.exit(2, f"cli.py export: error: {err}\n")
+        parser.exit(2, f"error: cli.py export: {one_line(str(err))}\n")
     print(f"exported {facts['kind']} to {os.path.abspath(args.out_dir)} (model card: README.md)")
     return facts
 
 
 if __name__ == "__main__":
-    main()
+    from command_errors import exit_with, run_command
+
+    exit_with(run_command(main, prog="python -m lightning_modules.export"))

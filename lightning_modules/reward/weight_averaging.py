@@ -282,4 +282,6 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from command_errors import exit_with, run_command  # one line per failure, --traceback for the traceback
+
+    exit_with(run_command(main, prog="python -m lightning_modules.reward.weight_averaging"))

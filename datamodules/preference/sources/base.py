@@ -86,6 +86,10 @@ class PreferenceSource:
     hub_data_dir: ClassVar[Optional[str]] = None  # the `data_dir=` argument of load_dataset
     split_map: ClassVar[dict[str, str]] = {"train": "train", "test": "test"}  # canonical -> hub split
     required_columns: ClassVar[tuple[str, ...]] = ()
+    # A null in a required column: refused like a missing one (True: the user's own files, where it is a mistake),
+    # or left to `normalize`, which drops the row as malformed (False: the hub datasets, whose schema fills gaps
+    # with nulls and whose known bad rows are dropped and counted).
+    null_is_missing: ClassVar[bool] = False
 
     def __init__(self, local_dir: Optional[str] = None):
         self.local_dir = local_dir
@@ -134,9 +138,13 @@ class PreferenceSource:
         self.resolve_columns(list(first.keys()), origin)
         out = SourceSplit(records=[], origin=origin)
         for i, row in enumerate(itertools.chain([first], rows)):
-            missing = [c for c in self.required_columns if c not in row]
+            missing = [c for c in self.required_columns
+                       if c not in row or (self.null_is_missing and row[c] is None)]
             if missing:
-                raise DataError(f"{self.name}: {origin} row {i} is missing column(s) {missing}")
+                where = rows.where() if isinstance(rows, TableRows) else f"row {i + 1} of {origin}"
+                absent = "missing or null" if self.null_is_missing else "missing"
+                raise DataError(f"{self.name}: {where}: column(s) {missing} {absent}; every row needs "
+                                f"{list(self.required_columns)}")
             result = self.normalize(row, i, split)
             if isinstance(result, str):
                 out.dropped[result] += 1
@@ -209,16 +217,49 @@ def find_split_file(directory: str, stems: list[str], source: str) -> str:
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which some Windows editors put at the start of a file
 
 
-def iter_table(path: str) -> Iterator[dict]:
-    """Rows of a jsonl / json-lines / JSON-array or parquet file, one at a time (parquet a batch at a time), so the
-    raw file is never held whole. A malformed line or a byte that is not UTF-8 is reported with its file, line and
-    column; a UTF-8 byte-order mark is skipped."""
-    if path.endswith(".json") and _starts_with(path, b"["):
-        yield from _read_json_array(path)
-        return
-    if path.endswith(".parquet"):
-        yield from _parquet_rows(path)
-        return
+class TableRows:
+    """The rows of a jsonl / json-lines / JSON-array or parquet file, one at a time (parquet a batch at a time), so
+    the raw file is never held whole; `where()` says where the last row given came from, counted as an editor
+    counts (from 1): "line 4 of FILE" (blank lines count), "item 4 of the JSON array in FILE", "row 4 of FILE"."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._unit, self._number = "row", 0
+        self._rows = self._read()
+
+    def __iter__(self) -> "TableRows":
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._rows)
+
+    def where(self) -> str:
+        if self._unit == "item":
+            return f"item {self._number} of the JSON array in {self.path}"
+        return f"{self._unit} {self._number} of {self.path}"
+
+    def _read(self) -> Iterator[dict]:
+        path = self.path
+        if path.endswith(".json") and _starts_with(path, b"["):
+            self._unit = "item"
+            for self._number, row in enumerate(_read_json_array(path), start=1):
+                yield row
+            return
+        if path.endswith(".parquet"):
+            for self._number, row in enumerate(_parquet_rows(path), start=1):
+                yield row
+            return
+        self._unit = "line"
+        yield from _jsonl_rows(path, self)
+
+
+def iter_table(path: str) -> TableRows:
+    """Rows of a jsonl / json-lines / JSON-array or parquet file (`TableRows`). A malformed line or a byte that is
+    not UTF-8 is reported with its file, line and column; a UTF-8 byte-order mark is skipped."""
+    return TableRows(path)
+
+
+def _jsonl_rows(path: str, cursor: TableRows) -> Iterator[dict]:
     with open(path, "rb") as f:  # bytes, split on "\n" only: a bad byte is then located by line, not by read chunk
         offset = 0  # of the line in the file
         for lineno, raw in enumerate(f, start=1):
@@ -237,6 +278,7 @@ def iter_table(path: str) -> Iterator[dict]:
                 raise DataError(f"{path}:{lineno}: malformed JSON line ({_json_fault(err)})") from err
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            cursor._number = lineno
             yield row
 
 

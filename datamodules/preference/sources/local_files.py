@@ -12,6 +12,10 @@ A row is one of TRL's preference layouts (decided per row, so a file may mix the
 
 Optional columns: `score_chosen` / `score_rejected` (equal scores: `tie`), `id` (the record key instead of the
 content hash), `subset` (per-subset accuracy in `cli.py test`). The drop rules are the hub adapters'.
+
+A `null` is read as a missing key: a row without `chosen` or `rejected`, or with either `null`, is refused, naming
+the file and its line as an editor counts them ("line 4 of train.jsonl"); an optional column that is `null` is
+absent (`"prompt": null` is the implicit-prompt layout).
 """
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ class LocalPreferenceSource(HubPreferenceSource):
 
     category = "custom"
     required_columns = ("chosen", "rejected")
+    null_is_missing = True  # `"rejected": null` is refused as a missing `rejected` is, naming the line (docs/data.md)
     subset_keys = True
 
     def __init__(self, name: str, local_dir: Optional[str] = None):
