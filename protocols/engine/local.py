@@ -15,6 +15,8 @@ import time
 from contextlib import nullcontext
 from typing import Callable, Optional
 
+from protocols.engine import children
+from protocols.engine.interrupt import Interrupted, on_signals
 from protocols.engine.progress import Progress
 from protocols.engine.spec import Hooks, StageSpec, stage_folder
 from protocols.run_files import OutDirLock, is_global_zero
@@ -78,27 +80,31 @@ def run_local(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: i
     """Every stage, in dependency order; returns key -> result. `between(previous, next)`: called between two
     stages in order (W2S frees a seed's shared stores when the next stage is another seed's); sequential only."""
     progress = progress or Progress(specs, hooks)
-    if workers <= 1:
-        results: dict[str, dict] = {}
-        forced_keys: set[str] = set()
+    if workers > 1:
+        return _run_parallel(specs, hooks, force, workers, progress)
+    results: dict[str, dict] = {}
+    forced_keys: set[str] = set()
+    current: list[str] = []  # the stage in progress, named by an interruption (`interrupt.on_signals`)
+    with on_signals(lambda: current):
         for i, spec in enumerate(specs):
+            current[:] = []
             if i and between is not None:
                 between(specs[i - 1], spec)
-            with stage_lock(hooks, spec):
-                results[spec.key] = _one(spec, hooks, results, force, forced_keys, progress)
-        return results
-    return _run_parallel(specs, hooks, force, workers, progress)
+            current[:] = [spec.key]
+            with stage_lock(hooks, spec) as lock:
+                results[spec.key] = _one(spec, hooks, results, force, forced_keys, progress, lock)
+    return results
 
 
 def _one(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSpec, forced_keys: set[str],
-         progress: Progress) -> dict:
+         progress: Progress, lock) -> dict:
     action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
     if action != "run":
         return _settle(spec, hooks, action, result, identity, progress)
     if forced:
         forced_keys.add(spec.key)
     start = time.time()
-    result = hooks.run(spec, {u: results[u] for u in spec.upstream}, identity, forced)
+    result = _run_holding(lock, spec, hooks, {u: results[u] for u in spec.upstream}, identity, forced)
     progress.ran(spec, result, time.time() - start)
     return result
 
@@ -114,56 +120,107 @@ def _settle(spec: StageSpec, hooks: Hooks, action: str, result: dict, identity: 
 def _run_parallel(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: int,
                   progress: Progress) -> dict[str, dict]:
     """Decisions (identities, reuse, refusal) in this thread, in declared order as stages become ready; runs on up
-    to `workers` threads. The first error stops new stages; running ones finish, then it is raised."""
+    to `workers` threads. The first error stops new stages; running ones finish, then it is raised. A SIGTERM /
+    SIGINT kills the running stages' children (`children.kill_all`), waits for their threads and raises
+    `StageInterrupted` naming them."""
     results: dict[str, dict] = {}
-    forced_keys: set[str] = set()
-    pending = list(specs)
     running: dict[futures.Future, tuple[StageSpec, OutDirLock, float]] = {}
-    error: Optional[BaseException] = None
-    with futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        while pending or running:
-            ready = [s for s in pending if all(u in results for u in (*s.upstream, *s.after))] if error is None else []
-            settled = False  # a stage reused (or blocked) here may make others ready: look again before waiting
-            for spec in ready:
-                if len(running) >= workers:
-                    break
-                pending.remove(spec)
-                lock = stage_lock(hooks, spec)
-                lock.__enter__()
+    interrupted: list[str] = []
+    with on_signals(lambda: interrupted):
+        try:
+            with futures.ThreadPoolExecutor(max_workers=workers) as pool:
                 try:
-                    action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
-                except BaseException as err:  # noqa: BLE001 -- a refusal: stop starting, finish the running
-                    lock.__exit__(None, None, None)
-                    error = err
-                    break
-                if action != "run":
-                    results[spec.key] = _settle(spec, hooks, action, result, identity, progress)
-                    lock.__exit__(None, None, None)
-                    settled = True
-                    continue
-                if forced:
-                    forced_keys.add(spec.key)
-                upstream = {u: results[u] for u in spec.upstream}
-                future = pool.submit(hooks.run, spec, upstream, identity, forced)
-                running[future] = (spec, lock, time.time())
-            if settled and len(running) < workers:
-                continue  # a free worker: start what the reused stages unblocked before waiting on a running one
-            if not running:
-                if error is not None or not pending:
-                    break
-                raise RuntimeError(f"stages {[s.key for s in pending]} wait for stages that never ran")  # a defect
-            done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
-            for future in done:
-                spec, lock, start = running.pop(future)
+                    error = _schedule(pool, list(specs), running, results, hooks, force, workers, progress)
+                except Interrupted:
+                    interrupted[:] = [spec.key for spec, _, _ in running.values()]
+                    children.kill_all()  # their threads record the stages as failed; the pool waits for them
+                    raise
+        finally:
+            children.allow()
+            for _, lock, _ in running.values():  # left by an interruption: their threads have ended
                 lock.__exit__(None, None, None)
-                try:
-                    results[spec.key] = future.result()
-                    progress.ran(spec, results[spec.key], time.time() - start)
-                except BaseException as err:  # noqa: BLE001 -- raised once the running stages finished
-                    error = error or err
     if error is not None:
         raise error
     return results
+
+
+def _schedule(pool: futures.ThreadPoolExecutor, pending: list[StageSpec], running: dict, results: dict[str, dict],
+              hooks: Hooks, force: ForceSpec, workers: int, progress: Progress) -> Optional[BaseException]:
+    """`_run_parallel`'s loop: start each stage once its upstream stages settled, until every stage settled or the
+    first error stopped new ones; returns that error (raised once the running stages finished)."""
+    forced_keys: set[str] = set()
+    error: Optional[BaseException] = None
+    while pending or running:
+        ready = [s for s in pending if all(u in results for u in (*s.upstream, *s.after))] if error is None else []
+        settled = False  # a stage reused (or blocked) here may make others ready: look again before waiting
+        for spec in ready:
+            if len(running) >= workers:
+                break
+            pending.remove(spec)
+            lock = stage_lock(hooks, spec)
+            lock.__enter__()
+            try:
+                action, result, identity, forced = decide(spec, hooks, results, force, forced_keys)
+            except BaseException as err:  # noqa: BLE001 -- a refusal: stop starting, finish the running
+                lock.__exit__(None, None, None)
+                if isinstance(err, Interrupted):
+                    raise
+                error = err
+                break
+            if action != "run":
+                results[spec.key] = _settle(spec, hooks, action, result, identity, progress)
+                lock.__exit__(None, None, None)
+                settled = True
+                continue
+            if forced:
+                forced_keys.add(spec.key)
+            upstream = {u: results[u] for u in spec.upstream}
+            running[pool.submit(_run_holding, lock, spec, hooks, upstream, identity, forced)] = (spec, lock, time.time())
+        if settled and len(running) < workers:
+            continue  # a free worker: start what the reused stages unblocked before waiting on a running one
+        if not running:
+            if error is not None or not pending:
+                break
+            raise RuntimeError(f"stages {[s.key for s in pending]} wait for stages that never ran")  # a defect
+        done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+        for future in done:
+            spec, lock, start = running.pop(future)
+            lock.__exit__(None, None, None)
+            try:
+                results[spec.key] = future.result()
+                progress.ran(spec, results[spec.key], time.time() - start)
+            except BaseException as err:  # noqa: BLE001 -- raised once the running stages finished
+                error = error or err
+    return error
+
+
+def _run_holding(lock, spec: StageSpec, hooks: Hooks, upstream: dict[str, dict], identity: dict,
+                 forced: bool) -> dict:
+    """`hooks.run` (after withdrawing the sets that read the stage), its children holding the stage's lock
+    (`children.holding`): in this thread, or on a pool thread."""
+    withdraw_readers(hooks, spec)
+    with children.holding(lock):
+        return hooks.run(spec, upstream, identity, forced)
+
+
+def withdraw_readers(hooks: Hooks, spec: StageSpec) -> list[str]:
+    """Before a stage runs (again): every published set that read it is withdrawn at once (`published_set`), so a
+    rerun that fails leaves no table reading as the result. The sets of this run's folder that name the stage's key,
+    and every set anywhere, of any configuration or protocol, that recorded the stage's result file by its real path
+    (a linked seed folder, another configuration sharing the stage, another experiment of the mixture's family).
+    Returns the withdrawn sets' folders."""
+    from protocols.published_set import withdraw_sets_reading, withdraw_sets_reading_file
+    from protocols.rank_errors import on_rank_zero
+
+    why = "runs again" if hooks.finished(spec) is not None else "is missing and runs"
+    result_file = getattr(hooks, "result_file", None)
+
+    def withdraw() -> list[str]:
+        withdrawn = withdraw_sets_reading(hooks.root, spec.key, why)
+        if result_file is not None:
+            withdrawn += withdraw_sets_reading_file(result_file(spec), spec.key, why)
+        return withdrawn
+    return on_rank_zero(f"withdraw the sets that read {hooks.where(spec)}", withdraw) or []
 
 
 def run_one(specs: list[StageSpec], hooks: Hooks, key: str, force: ForceSpec) -> dict:
@@ -179,8 +236,8 @@ def run_one(specs: list[StageSpec], hooks: Hooks, key: str, force: ForceSpec) ->
         if finished is None:
             raise RuntimeError(f"stage {key} reads {up}, which has not finished ({hooks.where(by_key[up])})")
         results[up] = finished
-    with stage_lock(hooks, spec):
-        return _one(spec, hooks, results, force, set(), Progress([spec], hooks, quiet=True))
+    with on_signals(lambda: [key]), stage_lock(hooks, spec) as lock:
+        return _one(spec, hooks, results, force, set(), Progress([spec], hooks, quiet=True), lock)
 
 
 def results_on_disk(specs: list[StageSpec], hooks: Hooks) -> dict[str, dict]:

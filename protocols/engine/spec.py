@@ -48,6 +48,11 @@ class Hooks(Protocol):
     def finished(self, spec: StageSpec) -> Optional[dict]:
         """The stage's complete result on disk, or None (never ran, failed, or lost an output)."""
 
+    def result_file(self, spec: StageSpec) -> str:
+        """The file that holds the stage's result (or record): what a published set records of the stage, by its
+        real path, and what a rerun of the stage withdraws every set reading (`local.withdraw_readers`). Optional:
+        a protocol without it gets only the sets of its own root that name the stage's key withdrawn."""
+
     def blocked(self, spec: StageSpec, upstream: dict[str, dict]) -> Optional[dict]:
         """A result standing for a stage that cannot run because of what its upstream results say (the mixture's
         "skipped" when its start stage failed), or None."""

@@ -98,19 +98,32 @@ def stage_rows(specs, hooks, changed=None) -> list[dict]:
         state = state_of(job, result is not None, states)
         holder = lock_holder(stage_folder(hooks.root, spec.key))
         if holder and state not in ("queued", "running"):
-            state = f"running (PID {holder.get('pid', '?')} on {holder.get('host', '?')})"
+            child = f", its fit PID {holder['child']}" if holder.get("child") else ""
+            state = f"running (PID {holder.get('pid', '?')} on {holder.get('host', '?')}{child})"
         elif result is None and state not in ("queued", "running"):
             state = _unfinished_state(spec, hooks, records, state)
-        diff = changed(spec, result) if changed and state == "done" else []
+        diff = _changes(changed, spec, result) if changed and state == "done" else []
         if diff:
             state = f"changed (a rerun refuses it: {diff[0][:100]}; --force {spec.key} reruns it)"
         rows.append(job_row(spec.key, job, state, states, log=hooks.log_of(spec)))
     table, stale = hooks.table_state()
     row = collect_row(collect_job, table, states)
-    if stale and row["state"] == "done":
+    changed_keys = [r["stage"] for r in rows if r["state"].startswith("changed")]
+    if not stale and changed_keys:  # the table stands for stages that a rerun would not reuse
+        stale = f"{', '.join(changed_keys[:3])}{' ...' if len(changed_keys) > 3 else ''} changed since"
+    if stale and row["state"] in ("done", "not started"):  # not started: a table withdrawn (its note says why)
         row["state"] = f"stale ({stale})"
     rows.append(row)
     return rows
+
+
+def _changes(changed, spec, result) -> list[str]:
+    """`changed(spec, result)`, or the reason it cannot be told (a configuration that no longer parses is a change
+    a rerun refuses, never "done")."""
+    try:
+        return changed(spec, result)
+    except (ValueError, TypeError, OSError) as err:
+        return [f"its configuration no longer parses: {str(err).splitlines()[0] if str(err) else type(err).__name__}"]
 
 
 def _unfinished_state(spec, hooks, records: dict, state: str) -> str:
