@@ -47,7 +47,7 @@ from protocols.mixture_stages import (  # noqa: F401 -- the protocol's public na
 )
 from protocols.mixture_experiments import find_experiment, shipped_experiments
 from protocols.run_files import OutDirLock
-from protocols.stage_identity import ForceSpec
+from protocols.stage_identity import ForceSpec, check_seeds
 
 
 EXPERIMENTS: dict[str, Experiment] = shipped_experiments()  # configs/mixture/experiments/<name>.yaml
@@ -103,7 +103,8 @@ def main(argv=None) -> int:
         p.error(f"--stage {args.stage!r} runs one stage of one seed: give --seeds k and a stage of {[s.name for s in stages]}")
     force = ForceSpec(args.force)
     try:
-        force.check({s.name for s in stages})
+        check_seeds(args.seeds)  # `--seeds -3` made a `seed_-3/` folder and published a report
+        force.check({s.name for s in stages}, seeds=args.seeds)
         opts = options_from_args(args)
     except ValueError as err:
         p.error(str(err))

@@ -22,6 +22,7 @@ from typing import Optional
 
 from datamodules.atomic_files import atomic_write
 from protocols import stats
+from protocols.published_set import register_readers, remove_stale, write_set_record
 from protocols.run_files import publish_set
 
 
@@ -196,11 +197,12 @@ def stage_run_seconds(records: dict[int, dict]) -> float:
 
 
 def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dict], wall_s: float,
-                 command: str) -> str:
+                 command: str, stages_read: Optional[dict[str, dict]] = None) -> str:
     """`<family_dir>/<name>_results.md` and `.json`, published as one set (`<name>_results/`, the two names link into
     it: `run_files.publish_set`); returns the Markdown path. `wall_s` and `command`: the run's, from its command to
     this report (a SLURM run's collecting job passes the submitting command and the time since submission:
-    `mixture_stages.collected_run`)."""
+    `mixture_stages.collected_run`). `stages_read`: the finished stages' `published_set.stage_entry`s, recorded in
+    the set (`set.json`) so that a rerun of any of them withdraws it, as a W2S set is."""
     seeds = sorted(records)
     runs_s = stage_run_seconds(records)
     md = [f"# {name}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})", "",
@@ -234,10 +236,16 @@ def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dic
             md += [f"Prop. 2.1 softmax-flow overlay, RMSE of the persona shares: {cell(summary['theory_rmse'], digits=3)}.", ""]
     text = "\n".join(md)
 
+    links = {f"{name}_results.{ext}": f"{name}_results/results.{ext}" for ext in ("md", "json")}
+
     def write(folder: str) -> None:
         atomic_write(os.path.join(folder, "results.md"), text)
         atomic_write(os.path.join(folder, "results.json"), json.dumps(out, indent=1, default=str))
+        if stages_read is not None:
+            write_set_record(folder, command.split(), links, stages_read)
 
-    publish_set(family_dir, f"{name}_results", write,
-                {f"{name}_results.{ext}": f"{name}_results/results.{ext}" for ext in ("md", "json")})
+    publish_set(family_dir, f"{name}_results", write, links)
+    if stages_read is not None:
+        register_readers(os.path.join(family_dir, f"{name}_results"), stages_read)
+        remove_stale(os.path.join(family_dir, f"{name}_results"))
     return os.path.join(family_dir, f"{name}_results.md")

@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from protocols.engine import local
+from protocols.engine import children, local
 from protocols.engine.slurm_jobs import COLLECT, read_job
 from protocols.engine.spec import StageSpec, stage_folder
+from protocols.published_set import stage_entry
 from protocols.stage_identity import digest, identity_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +85,9 @@ class MixtureHooks:
     def finished(self, spec: StageSpec) -> Optional[dict]:
         return finished_record(self.record(spec))
 
+    def result_file(self, spec: StageSpec) -> str:
+        return self.record(spec)
+
     def recorded(self, spec: StageSpec) -> Optional[dict]:
         """The stage's record whatever its status: the report shows a failure with its error."""
         return _read(self.record(spec))
@@ -118,7 +122,10 @@ class MixtureHooks:
         return os.path.join(self.seed_dir(spec), "stages", f"{spec.name}.log")
 
     def table_state(self) -> tuple[str, str]:
-        return os.path.join(self.root, f"{self.report}_results", "results.json"), ""
+        from protocols.published_set import set_state
+
+        state, detail = set_state(os.path.join(self.root, f"{self.report}_results"))
+        return os.path.join(self.root, f"{self.report}_results", "results.json"), detail if state == "stale" else ""
 
     # ---- what the engine asks it to do
     def reuse(self, spec: StageSpec, finished: dict, identity: dict) -> dict:
@@ -145,7 +152,10 @@ class MixtureHooks:
 
         records = {seed: {s.name: results[s.key] for s in specs if s.seed == seed} for seed in self.seeds}
         command, wall_s = collected_run(self.root) or (self.command, time.time() - self.start)
-        return write_report(self.root, self.report, self.exp, self.stages, records, wall_s, command=command)
+        read = {s.key: stage_entry(self.root, self.record(s), results[s.key]) for s in specs
+                if results[s.key].get("status") == "done"}  # the set's stages: a rerun of one withdraws it
+        return write_report(self.root, self.report, self.exp, self.stages, records, wall_s, command=command,
+                            stages_read=read)
 
     # ---- cluster jobs
     def job_command(self, key: Optional[str], rerun: bool, submission: Any) -> list[str]:
@@ -247,7 +257,7 @@ def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + f"\n(in {seed_dir})\n")
         log.flush()
-        rc = subprocess.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = children.run(cmd, cwd=seed_dir, env=env, stdout=log, stderr=subprocess.STDOUT)  # dies with us
     wall = time.time() - start
     finished = time.time()
     record = {"stage": stage.name, "seed": seed, "identity": identity, "digest": key, "run": f"{key}@{finished}",

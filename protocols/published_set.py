@@ -12,6 +12,11 @@
 - **Withdrawal.** When a run is about to rerun a stage that a published set read (`--force`, a lost checkpoint), it
   withdraws that set at once (`withdraw_sets_reading`): the set moves to `<name>.stale/` with a note saying why, and
   its stable names (`results.md` ...) go, so a failed rerun never leaves the old table reading as the result.
+- **Across folders.** A set also records each stage's result file by its real path, and each of those files gets a
+  line naming the set (`.<result file>.read_by` beside it, appended: `register_readers`). A rerun of the stage from
+  anywhere -- another configuration whose seed folders link to these, the same stage reached through a link,
+  another experiment of the mixture's family -- reads those lines and withdraws every set that still records that
+  file (`withdraw_sets_reading_file`), in whatever out_dir it lives.
 """
 from __future__ import annotations
 
@@ -36,9 +41,41 @@ class PublishedSetError(RuntimeError):
 
 # ---- what a set records -------------------------------------------------------------------------------------------
 def stage_entry(out_dir: str, result_path: str, result: dict) -> dict:
-    """A stage's line in `set.json`: its result file (relative to out_dir), identity digest and run."""
-    return {"result": os.path.relpath(result_path, out_dir), "identity": digest(result.get("identity") or {}),
-            "run": result.get("run")}
+    """A stage's line in `set.json`: its result file (relative to out_dir, and by its real path: a linked seed
+    folder's stage is another configuration's too), identity digest and run."""
+    return {"result": os.path.relpath(result_path, out_dir), "real": os.path.realpath(result_path),
+            "identity": digest(result.get("identity") or {}), "run": result.get("run")}
+
+
+READ_BY = ".{}.read_by"  # beside a stage's result file: the real paths of the sets that read it, one per line
+
+
+def register_readers(set_dir: str, stages: dict[str, dict]) -> None:
+    """After publishing `set_dir`: a line naming it beside each stage result it read (appended in one write, so
+    publishers of two configurations sharing a stage never lose each other's line). A line outlives its set; the
+    withdrawal checks the set's own record first."""
+    line = (os.path.realpath(set_dir) + "\n").encode()
+    for entry in stages.values():
+        real = entry.get("real")
+        if not real or not os.path.isdir(os.path.dirname(real)) or line.decode().strip() in _readers(real):
+            continue
+        fd = os.open(_read_by(real), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def _read_by(real: str) -> str:
+    return os.path.join(os.path.dirname(real), READ_BY.format(os.path.basename(real)))
+
+
+def _readers(real: str) -> list[str]:
+    try:
+        with open(_read_by(real), encoding="utf-8") as f:
+            return list(dict.fromkeys(line.strip() for line in f if line.strip()))
+    except OSError:
+        return []
 
 
 def write_set_record(folder: str, command: list[str], links: dict[str, str], stages: dict[str, dict]) -> None:
@@ -183,6 +220,21 @@ def withdraw_sets_reading(out_dir: str, stage_key: str, why: str) -> list[str]:
         if record is None or stage_key in record.get("stages", {}):  # an older set recorded none: it read them all
             withdraw(set_dir, record, f"withdrawn on {time.strftime('%Y-%m-%d %H:%M:%S')}: {stage_key} {why}")
             withdrawn.append(set_dir)
+    return withdrawn
+
+
+def withdraw_sets_reading_file(result_path: str, stage_key: str, why: str) -> list[str]:
+    """Withdraw every published set, in any folder, that recorded `result_path` by its real path (the sets named
+    beside it: `register_readers`) and still stands. Returns the withdrawn sets' folders."""
+    real = os.path.realpath(result_path)
+    withdrawn = []
+    for set_dir in _readers(real):
+        record = read_json(os.path.join(set_dir, SET_RECORD))
+        if record is None or not any(e.get("real") == real for e in record.get("stages", {}).values()):
+            continue  # withdrawn or republished since, or no longer reading this stage
+        withdraw(set_dir, record, f"withdrawn on {time.strftime('%Y-%m-%d %H:%M:%S')}: {stage_key} "
+                                  f"({os.path.dirname(real)}) {why}")
+        withdrawn.append(set_dir)
     return withdrawn
 
 

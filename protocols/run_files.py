@@ -133,10 +133,11 @@ def publish_set(parent: str, name: str, write: Callable[[str], None], links: dic
     _recover(parent, name)
     staging = os.path.join(parent, f".{name}.new-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
     try:
-        write(staging)
-        _sync_tree(staging)
+        with _quiet_writer_threads():
+            os.makedirs(staging)
+            write(staging)
+            _sync_tree(staging)
         if os.path.isdir(final) and not os.path.islink(final):
             if _exchange(staging, final):
                 shutil.rmtree(staging)  # now holds the old set
@@ -149,11 +150,54 @@ def publish_set(parent: str, name: str, write: Callable[[str], None], links: dic
             if os.path.lexists(final):
                 os.remove(final)
             os.rename(staging, final)
+    except OSError as err:
+        raise PublishError(final, err) from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for link, target in links.items():
         _link(os.path.join(parent, link), target)
     return final
+
+
+class PublishError(OSError):
+    """A set that could not be published (a full disk, a quota, permissions): one line naming the set, the file
+    being written and what became of the old set; `errno` is the original one."""
+
+    def __init__(self, final: str, err: OSError):
+        import errno
+
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        reason = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}.get(
+            err.errno) or err.strerror or str(err)
+        inner = getattr(err, "path", None) or err.filename
+        super().__init__(err.errno, f"cannot publish {final}: {reason}" + (f" (writing {inner})" if inner else "")
+                         + "; the set published before is kept as it was and the half-written one removed"
+                         + ("; free space there and rerun (finished stages are reused)" if full else ""))
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class _quiet_writer_threads:
+    """While a set is written: a writer thread's OSError (TensorBoard's event writer on a full disk) is not printed
+    as a thread traceback; the writer raises it again in this thread at its next write or close, where it ends
+    the publish with one line (`PublishError`). Other exceptions print as before."""
+
+    def __enter__(self):
+        import threading
+
+        self.previous = threading.excepthook
+
+        def hook(args):
+            if not issubclass(args.exc_type, OSError):
+                self.previous(args)
+        threading.excepthook = hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import threading
+
+        threading.excepthook = self.previous
 
 
 def _recover(parent: str, name: str) -> None:

@@ -15,7 +15,7 @@ import inspect
 import json
 import re
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 from lightning.pytorch import LightningDataModule, LightningModule
 
@@ -163,23 +163,46 @@ class ForceSpec:
     def __init__(self, names: list[str] | None):
         self.all = names is not None and len(names) == 0
         self.names: set[tuple[int | None, str]] = set()
+        self._given: dict[tuple[int | None, str], str] = {}  # as typed, for a refusal
         for name in names or []:
             m = re.fullmatch(r"seed_?(\d+)/(.+)", name)
-            self.names.add((int(m.group(1)), m.group(2)) if m else (None, name))
+            key = (int(m.group(1)), m.group(2)) if m else (None, name)
+            self.names.add(key)
+            self._given[key] = name
 
     def __bool__(self) -> bool:
         return self.all or bool(self.names)
 
-    def check(self, stage_names: set[str], flag: str = "--force") -> None:
+    def check(self, stage_names: set[str], flag: str = "--force", seeds: Optional[list[int]] = None) -> None:
+        """Every name is a stage of the plan and, with `seeds`, every `seed<k>/` one of its seeds (a name that
+        matches nothing would rerun nothing and exit 0 as if it had)."""
         known = stage_names | {n.partition("@")[0] for n in stage_names}  # a swept method names its variants
         unknown = sorted({n for _, n in self.names} - known)
         if unknown:
             raise ValueError(f"{flag} names unknown stage(s) {unknown}; the stages are {sorted(stage_names)}")
+        other = sorted({s for s, _ in self.names if s is not None} - set(seeds)) if seeds is not None else []
+        if other:
+            named = sorted(self._given[(s, n)] for s, n in self.names if s in other)
+            raise ValueError(f"{flag} {' '.join(named)}: seed(s) {other} are not among this run's seeds {seeds}")
 
     def forces(self, name: str, seed: int) -> bool:
         """`name` is a stage; a swept method's stage `<method>@<flag>=<value>` is also forced by `<method>`."""
         names = {name, name.partition("@")[0]}
         return self.all or any((None, n) in self.names or (seed, n) in self.names for n in names)
+
+
+def check_seeds(seeds: list, flag: str = "--seeds") -> None:
+    """Seeds are distinct non-negative integers, refused before any folder is made: a negative one made a
+    `seed-1/` folder and then failed in numpy ("-1 is not in bounds"), a repeated one would count one run twice."""
+    if not seeds:
+        raise ValueError(f"{flag} must list at least one seed")
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+    if bad:
+        raise ValueError(f"{flag} {seeds}: {bad} {'is' if len(bad) == 1 else 'are'} not a non-negative integer; "
+                         "a seed is 0, 1, 2, ...")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:  # the table would say "over N seeds" of fewer runs
+        raise ValueError(f"{flag} repeats {repeated}: {seeds}; each seed is one run of every stage, list it once")
 
 
 def digest(identity: dict) -> str:

@@ -45,7 +45,7 @@ from protocols.engine.slurm_jobs import COLLECT
 from protocols.engine.slurm_options import SlurmOptions
 from protocols.engine.status import print_status
 from protocols.engine.spec import StageSpec
-from protocols.published_set import set_state, withdraw_sets_reading
+from protocols.published_set import set_state
 from protocols.rank_errors import on_rank_zero
 from protocols.run_files import OutDirLock, is_global_zero, read_json
 from protocols.stage_identity import StageChangedError  # noqa: F401 -- callers catch it from here
@@ -82,6 +82,9 @@ class W2SHooks:
     def finished(self, spec: StageSpec) -> Optional[dict]:
         return read_json(spec.stage.result_path)
 
+    def result_file(self, spec: StageSpec) -> str:
+        return spec.stage.result_path
+
     def recorded(self, spec: StageSpec) -> Optional[dict]:
         return None  # a W2S stage records its result only when it finished
 
@@ -111,10 +114,7 @@ class W2SHooks:
 
     def run(self, spec: StageSpec, upstream: dict[str, dict], identity: dict, forced: bool) -> dict:
         stage, done = spec.stage, _done(spec, upstream)
-        finished = read_json(stage.result_path) is not None
-        on_rank_zero(f"withdraw the sets that read {stage.dir}", withdraw_sets_reading, self.p.out_dir, spec.key,
-                     "runs again" if finished else "is missing and runs")
-        on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)
+        on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)  # the engine withdrew the sets reading it
         evaluated = evaluated_stage(stage, done) if stage.evaluates else None
         args = stage.args + upstream_args(stage, done, evaluated)
         with output_to(None if self.verbose else os.path.join(stage.dir, "stage.log")):
@@ -228,14 +228,16 @@ def status(p: W2SProtocol, changed=None) -> list[dict]:
 
 def _changed_check(p: W2SProtocol, specs: list[StageSpec], hooks: W2SHooks):
     """What a rerun would refuse of each finished stage, before any work: its identity without the upstream part
-    (only the finished stages are parsed); None when the configuration no longer parses (a run says why)."""
+    (only the finished stages are parsed); when the configuration no longer parses, each finished stage says so.
+    None when no stage finished."""
     finished = {s.key for s in specs if hooks.finished(s) is not None}
     if not finished:
         return None
     try:
         validated = {stage_key(s): s for s in prepare(p, ForceSpec(None), only=finished)}
-    except ValueError:
-        return None
+    except ValueError as err:  # every finished stage reads as changed: a rerun refuses the configuration first
+        message = str(err).splitlines()[0] if str(err) else "ValueError"
+        return lambda spec, result: [f"the configuration no longer parses: {message}"]
 
     def changed(spec: StageSpec, result: dict) -> list[str]:
         validated_spec = StageSpec(spec.key, spec.seed, spec.name, spec.upstream, validated[spec.key])

@@ -13,6 +13,7 @@ from lightning_modules.export.hf_classifier import (
     is_hf_classifier,
 )
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
+from protocols.stage_identity import check_seeds
 from protocols.teacher_search import TeacherSearch, value_label
 
 
@@ -274,6 +275,9 @@ class W2SProtocol:
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
+        if not names:  # a table of the teacher alone would read as a finished protocol with no student in it
+            raise ValueError("--methods is empty: give at least one student method (e.g. {name: naive, objective: "
+                             "naive}); the protocol's table compares students with their teacher")
         if len(set(names)) != len(names):
             raise ValueError(f"--methods has duplicate names: {names}")
         reserved = {"teacher", "ceiling"} & set(names)
@@ -313,12 +317,7 @@ class W2SProtocol:
         for flag in ("teacher_checkpoint", "student_checkpoint"):
             if getattr(self, flag) not in ("best", "last"):
                 raise ValueError(f"--{flag} must be 'best' or 'last', got {getattr(self, flag)!r}")
-        if not self.seeds:
-            raise ValueError("--seeds must list at least one seed")
-        repeated = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
-        if repeated:  # the table would say "over N seeds" of fewer runs
-            raise ValueError(f"--seeds repeats {repeated}: {self.seeds}; each seed is one run of every stage, list "
-                             "it once")
+        check_seeds(self.seeds)  # non-negative, distinct: before any folder is made
         self._check_paired_reference(names)
         self._check_results_name(names)
         if self.teacher_pretrained and self.teacher_configs:

@@ -32,6 +32,7 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         commands.append(fit_args)
         _write_commands(stage.dir, commands)
         fit = main(fit_args)
+        refuse_untrained(fit.trainer, stage)
         # One id per run of the stage, the same on every rank: a downstream stage's identity names the run it read.
         runs.append(fit.trainer.strategy.broadcast(uuid.uuid4().hex))
         ckpt = _selected_checkpoint(fit.trainer, stage, folder)
@@ -83,6 +84,23 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
     if not stage.keep_fit_checkpoints:
         on_rank_zero(f"prune {stage.dir}", prune_checkpoints, stage.dir, kept_checkpoints(result))
     return result
+
+
+class UntrainedStageError(RuntimeError):
+    """A stage's fit made no optimizer step: its model is its start, and nothing of it may be used."""
+
+
+def refuse_untrained(trainer, stage: Stage) -> None:
+    """After a fit, before its checkpoint, labels or rows are used: it made optimizer steps. What the validation
+    before any work cannot see (a training split of no batch, `--trainer.max_time` spent before the first step, a
+    callback that stops at once) is caught here."""
+    if trainer.global_step > 0:
+        return
+    option = "teacher_args" if stage.is_teacher else "student_args"
+    raise UntrainedStageError(
+        f"stage {stage.dir} ({stage.role}): its fit made no optimizer step (global step 0), so its model is untrained "
+        f"and is not used; check --trainer.max_epochs / --trainer.max_steps / --trainer.limit_train_batches / "
+        f"--trainer.max_time in {option} and the size of its training split (its log: {stage.dir}/stage.log)")
 
 
 def kept_checkpoints(result: Any) -> set[str]:

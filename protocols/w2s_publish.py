@@ -51,7 +51,7 @@ def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[in
     """The table from the finished stages, published (rank 0) as one set: tables, figures, TensorBoard summary and
     HPARAMS tab, the configuration and the stage runs it read (`set.json`), swapped in at once."""
     from protocols.hparams import write_hparams
-    from protocols.published_set import remove_stale, stage_entry, write_set_record
+    from protocols.published_set import register_readers, remove_stale, stage_entry, write_set_record
     from protocols.w2s_report import result_links, summarize, write_reports
 
     results = summarize(p, done)
@@ -67,6 +67,7 @@ def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[in
                 write_set_record(folder, published_command(command), links, entries)
 
             publish_set(p.out_dir, p.results_name, write, links)
+            register_readers(results_dir(p), entries)  # a rerun of any of them, from any folder, withdraws it
             remove_stale(results_dir(p))
             for legacy in ("summary", "hparams"):  # an older layout's TensorBoard folders: now inside results/
                 shutil.rmtree(os.path.join(p.out_dir, legacy), ignore_errors=True)

@@ -16,7 +16,7 @@ def prepare(p: W2SProtocol, force: ForceSpec, only: Optional[set[str]] = None) -
     """Every stage of every seed and method, planned and validated before any work (`only`: validate just these
     keys, `seed<k>/<name>` — a cluster job checks its own stage and what it reads, not the whole grid)."""
     stages = plan_stages(p)
-    force.check({s.name for s in stages})
+    force.check({s.name for s in stages}, seeds=p.seeds)
     if force:  # a forced run trusts no cached file hash (a rewrite may have kept size and mtime: docs/reruns.md)
         rehash_files()
     for stage in stages:
@@ -49,8 +49,37 @@ def validate_stage(stage: Stage) -> None:
             resolve_cli_config(stage.args + stage.search.candidate_args(value) + stage.location_args("fit"))
         _check_model(stage.config.get("model") or {})
         _check_data(stage.config.get("data") or {})
+        if fits(stage):
+            refuse_no_training(stage.config.get("trainer") or {}, args_option(stage))
     except (ValueError, TypeError, OSError) as err:
         raise ValueError(f"stage {stage.dir} ({stage.role}): {err}") from None
+
+
+def fits(stage: Stage) -> bool:
+    """Whether the stage trains a model (not an outside or labelling model tested as is, not an evaluation of another
+    stage's checkpoint, not an ensemble of others)."""
+    return not (stage.pretrained or stage.evaluates or stage.combine)
+
+
+def args_option(stage: Stage) -> str:
+    """The protocol option that holds a stage's trainer flags, for a refusal."""
+    return "teacher_args" if stage.is_teacher else f"student_args (or method {stage.method!r}'s args)"
+
+
+# A fit with one of these makes no optimizer step: the "trained" model would be its random or pretrained start.
+NO_STEP_FLAGS = ("max_epochs", "max_steps", "limit_train_batches")
+
+
+def refuse_no_training(trainer: dict, option: str) -> None:
+    """A stage that fits must make optimizer steps: `--trainer.max_epochs=0`, `max_steps=0` or
+    `limit_train_batches=0` publish an untrained model as a trained row (and a teacher's labels from it), so they are
+    refused before any work, naming the flag and the protocol option that gave it."""
+    for flag in NO_STEP_FLAGS:
+        value = trainer.get(flag)
+        if value is not None and not isinstance(value, bool) and float(value) == 0:
+            raise ValueError(f"--trainer.{flag}={value} (in {option}): the fit would make no optimizer step and the "
+                             "stage's untrained model would be published (and, for a teacher, label the students); "
+                             f"remove it or give --trainer.{flag} a positive value")
 
 
 def _check_model(model: dict) -> None:

@@ -37,6 +37,7 @@ from datamodules.preference.prepared_index import index_path, read_index, write_
 from datamodules.preference.label_diagnostics import weak_label_diagnostics
 from datamodules.preference.records import RECORD_KEYS, fingerprint
 from datamodules.preference.samplers import LengthGroupedSampler
+from datamodules.preference.tokenized_cache import load_cached_split
 from datamodules.preference.sources import DataError, build_source
 from datamodules.preference.labeller_labels import compute_labeller_labels
 from datamodules.preference.labelling_functions import build_labeller, is_labeller
@@ -313,8 +314,9 @@ class PreferenceDataModule(pl.LightningDataModule):
         import datasets
 
         path = self._tokenized_path(kind, fingerprint(records), tok_key)
-        if os.path.isdir(path):
-            return datasets.load_from_disk(path), True
+        cached = load_cached_split(path)  # a damaged one is removed, named, and rebuilt below
+        if cached is not None:
+            return cached, True
         # The raw columns on disk (and the map's output beside them), removed below; owner-named, so that the next
         # run removes them when a SIGKILL skips the `finally`.
         raw_dir = temp_path(f"{path}.raw")
@@ -380,7 +382,8 @@ class PreferenceDataModule(pl.LightningDataModule):
             return None
         key = self._tokenizer_key()
         fps = index["fingerprints"]
-        if not all(k in fps and os.path.isdir(self._tokenized_path(k, fps[k], key)) for k in self._needed_kinds()):
+        if not all(k in fps and load_cached_split(self._tokenized_path(k, fps[k], key)) is not None
+                   for k in self._needed_kinds()):  # a damaged split is removed here: `setup` then rebuilds it
             return None
         return index
 
