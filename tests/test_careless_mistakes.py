@@ -41,6 +41,7 @@ def make(tmp_path, word_tokenizer_dir):
                 "--trainer.fast_dev_run=true", f"--trainer.default_root_dir={tmp_path / 'run'}",
                 f"--data.cache_dir={tmp_path / 'cache'}", "--trainer.logger=false"]
         synth = [*base, "--config", SYNTH, f"--data.source_options={SMALL_SYNTH}"]
+        base += ["--data=datamodules.preference.datamodule.PreferenceDataModule"]  # what `--data.source` is for
 
         @staticmethod
         def file(name: str, text: str) -> str:
