@@ -143,7 +143,8 @@ class MixtureHooks:
         args = self._args(spec)
         if spec.upstream:
             args.append(f"--model.init_checkpoint={upstream[spec.upstream[0]]['checkpoint']}")
-        env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(self.threads), PYTHONPATH=ROOT)
+        # SHIFTGEN_TRACEBACK: the stage's log is the run's log; it keeps the child's traceback above its error line
+        env = dict(os.environ, **OFFLINE, OMP_NUM_THREADS=str(self.threads), PYTHONPATH=ROOT, SHIFTGEN_TRACEBACK="1")
         return _run(spec.stage, args, identity, checkpoint_of(spec.stage, seed_dir, config), seed_dir, env,
                     self.record(spec), spec.seed)
 

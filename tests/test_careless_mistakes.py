@@ -209,6 +209,7 @@ def test_sigterm_during_fit_exits_143_in_one_line_with_the_traceback_in_the_runs
     success (issue 49 item 1). The run's log folder gets the traceback."""
     monkeypatch.delenv(TRACEBACK_ENV, raising=False)
     args = [a for a in make.synth if a not in ("--trainer.fast_dev_run=true", "--trainer.logger=false")]
+    args.append(f"--trainer.logger.init_args.save_dir={make.tmp / 'run'}")  # the default logger's folder, in tmp
     code, lines = _run(["fit", *args, "--trainer.max_steps=5", "--trainer.limit_val_batches=0",
                         "--trainer.callbacks+=tests.test_careless_mistakes.SigtermAtStep2"], capsys)
     assert code == EXIT_SIGTERM
