@@ -34,7 +34,7 @@ def _copy(finished, tmp_path) -> dict:
     shutil.copytree(base / "cache", tmp_path / "cache")
     for root, _, files in os.walk(tmp_path / "run"):  # the stages' records name their checkpoints by path
         for name in files:
-            if name.endswith(".json"):
+            if name.endswith(".json") or name.endswith(".read_by"):  # and the sets that read them
                 path = os.path.join(root, name)
                 text = open(path, encoding="utf-8").read()
                 open(path, "w", encoding="utf-8").write(text.replace(str(base), str(tmp_path)))
@@ -121,6 +121,37 @@ def test_a_set_whose_stage_is_gone_or_ran_again_is_refused_by_its_readers(finish
     os.remove(result)
     with pytest.raises(PublishedSetError, match=r"seed0/naive is gone \(no seed0/naive/result.json\)"):
         regime_table(["--run", f"helpful={out}"])
+
+
+def test_a_rerun_through_a_linked_seed_folder_withdraws_the_other_configurations_set(finished, tmp_path,
+                                                                                     monkeypatch):
+    """Issue 49, finding 3: configuration B links A's seed folders (docs/reruns.md) and reruns the teacher with
+    another recipe; A's set read that teacher, so it is withdrawn at once, wherever it lives, and A's `--status`
+    and readers say so. (B's stage is stopped right after the withdrawal: what it would train is not the point.)"""
+    from protocols import w2s
+
+    cfg = _copy(finished, tmp_path)
+    a_out, b_out = cfg["out_dir"], str(tmp_path / "run_b")
+    record = json.load(open(os.path.join(a_out, "results", "set.json")))
+    teacher = os.path.realpath(os.path.join(a_out, "seed0", "teacher", "result.json"))
+    assert record["stages"]["seed0/teacher"]["real"] == teacher
+    os.makedirs(os.path.join(b_out, ".stages"))
+    os.symlink(os.path.join(a_out, "seed0"), os.path.join(b_out, "seed0"))
+    os.symlink(os.path.join(a_out, ".stages", "seed0"), os.path.join(b_out, ".stages", "seed0"))
+    other = dict(cfg, out_dir=b_out, teacher_args=cfg["teacher_args"] + ["--trainer.max_epochs=2"])
+
+    def stopped(self, spec, upstream, identity, forced):
+        raise RuntimeError(f"stopped before {spec.key} ran")
+    monkeypatch.setattr(w2s.W2SHooks, "run", stopped)
+    with pytest.raises(RuntimeError, match="stopped before seed0/teacher ran"):
+        run_protocol(["--config", _write(tmp_path, other, "b.yaml"), "--force", "teacher"])
+    assert not os.path.exists(os.path.join(a_out, "results")) and not os.path.lexists(os.path.join(a_out, "results.md"))
+    note = open(os.path.join(a_out, "results.stale", "STALE.md"), encoding="utf-8").readline()
+    assert f"seed0/teacher ({os.path.dirname(teacher)}) runs again" in note
+    with pytest.raises(PublishedSetError, match="withdrawn.*seed0/teacher"):
+        load_published(a_out)
+    rows = w2s.status(w2s.parse(["--config", _write(tmp_path, cfg)]))
+    assert rows[-1]["stage"] == "collect" and rows[-1]["state"].startswith("stale (withdrawn on ")
 
 
 def test_orphans_of_a_dead_writer_are_swept_from_a_reused_stage(finished, tmp_path):
