@@ -221,6 +221,31 @@ def test_sigterm_during_fit_exits_143_in_one_line_with_the_traceback_in_the_runs
         or callable(signal.getsignal(signal.SIGTERM))
 
 
+def test_a_protocol_stopped_by_sigterm_exits_143_and_exits_of_its_own_keep_their_code(capsys):
+    """What `python -m protocols.w2s` gets when a stage it runs in this process receives SIGTERM (issue 49 item 1:
+    exit status 0, no output, before); --help's exit 0 and sys.exit('message') are left as they mean."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from protocols.refusals import INTERRUPTED
+
+    def preempted(argv):
+        raise SIGTERMException
+
+    assert run_command(preempted, [], prog="python -m protocols.w2s", interrupted=INTERRUPTED) == EXIT_SIGTERM
+    assert capsys.readouterr().err == ("error: python -m protocols.w2s was stopped by SIGTERM (a scheduler's preemption "
+                                       f"or time limit, or `kill`): {INTERRUPTED}\n")
+
+    def helped(argv):
+        raise SystemExit(0)
+
+    def said(argv):
+        raise SystemExit("join_rows: the runs have different sources or targets")
+
+    assert run_command(helped, [], prog="x") == 0 and capsys.readouterr().err == ""
+    assert run_command(said, [], prog="x") == EXIT_REFUSED
+    assert capsys.readouterr().err == "error: join_rows: the runs have different sources or targets\n"
+
+
 def test_a_run_that_trains_is_not_touched(make, capsys):
     code, lines = _run(["fit", *make.synth], capsys)
     assert code == 0 and not [line for line in lines if line.startswith("error")], lines
