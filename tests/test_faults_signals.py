@@ -257,3 +257,35 @@ def test_sigterm_of_a_protocol_running_two_stages_kills_both_children_and_names_
     _wait_for(lambda: not any(_alive(c) for c in children), seconds=10, what="the children to be killed")
     assert not os.path.exists(tmp_path / "run" / "seed0" / "a" / "result.json")
     assert lock_holder(str(tmp_path / "run" / ".stages" / "seed0" / "a")) is None
+
+
+# ---- the real mixture: SIGKILL mid-stage, then the rerun --------------------------------------------------------
+TINY_SFT = ["--sft-set=--trainer.max_steps=2", "--sft-set=--trainer.val_check_interval=1",
+            "--sft-set=--data.num_train=128", "--sft-set=--data.batch_size=16",
+            "--sft-set=--data.num_val_per_distribution=4", "--sft-set=--model.fidelity_prompts_per_distribution=2"]
+
+
+@pytest.mark.slow  # two real `cli.py fit` children (about 2 min on busy cores): make test-slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_sigkilled_mixture_leaves_no_live_child_and_the_rerun_completes_the_stage_once(tmp_path):
+    out = str(tmp_path / "mix")
+    command = [sys.executable, "-m", "protocols.mixture", "two_policies", "--seeds", "0", "--out", out,
+               "--stages", "sft", *TINY_SFT]
+    parent = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = os.path.join(out, "two_policies", ".stages", "seed_0", "sft", ".lock")
+    _wait_for(lambda: os.path.isfile(lock) and "child" in (open(lock).read() or "{}"), seconds=300,
+              what="the SFT child")
+    child = json.loads(open(lock).read())["child"]
+    assert _alive(child)
+    parent.kill()
+    parent.wait()
+    _wait_for(lambda: not _alive(child), seconds=10, what="the SFT child to die with the protocol")
+    record = os.path.join(out, "two_policies", "seed_0", "stages", "sft.json")
+    assert not os.path.exists(record)  # killed before it finished: nothing recorded as done
+
+    rerun = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "[1/1] seed_0/sft — ran" in rerun.stdout
+    assert json.load(open(record))["status"] == "done"
+    log = open(os.path.join(out, "two_policies", "seed_0", "stages", "sft.log")).read()
+    assert log.count("$ ") == 1 and "Trainer.fit` stopped: `max_steps=2` reached" in log  # one fit, whole
