@@ -4,6 +4,7 @@
   and `pipeline("text-classification", model=D, function_to_apply="none")`, and a TRL-style conversation (the
   prompt's messages + the response as an assistant turn) through the exported tokenizer's chat template gives
   exactly the project's input layout and scores. Tiny random Llama with a ChatML template (SmolLM2's shape).
+  The same without a chat template (word-level tokenizers, GPT-2 with pad = EOS): the plain format.
 - A mean-pooled encoder (the shipped MiniLM) never loads with a random head: without `trust_remote_code=True`
   `AutoModelForSequenceClassification` raises (with or without `num_labels=1`); with it, the trained pooling and
   head score like the module, also through the pipeline on text pairs.
@@ -79,6 +80,50 @@ def test_decoder_reward_model_loads_with_plain_transformers_and_scores_conversat
     assert list(plain) != rows[0] and list(plain)[:-1] == rows[0]
     card = open(os.path.join(out, "README.md")).read()
     assert "TRL-style conversations score the same" in card and "on 6 conversations through" in card
+
+
+def test_a_template_that_misses_the_layout_is_not_installed(chat_llama, tmp_path, monkeypatch):  # noqa: F811
+    """When the conversation template does not reproduce our ids on the probe conversations, the export keeps the
+    original template and its card says conversations must go through `reward_input`."""
+    import lightning_modules.export.reward_model as rm
+
+    monkeypatch.setattr(rm, "conversation_template", lambda tok: tok.chat_template)  # ChatML's own: a trailing "\n"
+    torch.manual_seed(0)
+    out = export_module(RewardModelModule(backbone=chat_llama, tokenizer=chat_llama), tmp_path)
+    assert load_tokenizer(out).chat_template == load_tokenizer(chat_llama).chat_template
+    card = open(os.path.join(out, "README.md")).read()
+    assert ("**TRL-style conversations:** not supported by this export (`apply_chat_template` over a probe "
+            "conversation (response 'Simmer it for nine minutes.') does not give the trained ids)") in card
+    assert "Score with `reward_input` / `rewards`." in card
+
+
+@pytest.mark.parametrize("backbone,tok_kind", [("tiny-llama", "words"), ("tiny-gpt2", "words_pad_eos")])
+def test_tokenizer_without_chat_template_scores_conversations_too(word_tokenizer_dir, tmp_path, backbone, tok_kind):
+    """No chat template (our word-level tokenizers, GPT-2): the export's template writes the plain format
+    (`role: content` lines, `assistant:`) with BOS/EOS; with pad = EOS the export's new pad token changes nothing."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from tests.test_export import _tokenizer
+
+    tokenizer = _tokenizer(tok_kind, word_tokenizer_dir, tmp_path)
+    torch.manual_seed(0)
+    module = RewardModelModule(backbone=backbone, tokenizer=tokenizer)
+    out = export_module(module, tmp_path)
+    pairs = fixture_pairs()
+    rows, want = project_scores(module, pairs)
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = [tok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"] for c in conversations(pairs)]
+    assert [list(i) for i in ids] == rows
+    rm = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    with torch.no_grad():
+        got = torch.cat([rm(input_ids=torch.tensor([i])).logits[:, 0] for i in ids])
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    classify = pipeline("text-classification", model=out, function_to_apply="none")
+    piped = torch.tensor([o["score"] for o in classify([tok.apply_chat_template(c, tokenize=False)
+                                                         for c in conversations(pairs)])])
+    assert torch.allclose(piped, want, atol=1e-5, rtol=0), (piped - want).abs().max()
+    assert tok.apply_chat_template(conversations(pairs)[0][:-1], tokenize=False, add_generation_prompt=True) == \
+        render_prompt(load_tokenizer(tokenizer), pairs[0]["prompt"])  # a prompt alone: the plain format, as before
 
 
 def test_mean_pooled_encoder_never_loads_with_a_random_head(tmp_path):

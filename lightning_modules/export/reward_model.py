@@ -169,8 +169,9 @@ def tokenizer_class_that_loads(tok, directory: str, remote_code: bool = False) -
 
 
 # ---- a conversation -> the trained layout, through the exported tokenizer's chat template ----------------------------
-PLAIN_PROMPT = ("{%- for m in messages -%}{{ m['role'] }}: {{ m['content'] }}{% if not loop.last %}\n{% endif %}"
-                "{%- endfor -%}{%- if add_generation_prompt %}\nassistant:{% endif -%}")
+# render_prompt's plain format as a template (newlines as expressions: transformers renders with trim_blocks)
+PLAIN_PROMPT = ("{%- for m in messages -%}{{ m['role'] + ': ' + m['content'] }}{%- if not loop.last -%}{{ '\\n' }}"
+                "{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{ '\\nassistant:' }}{%- endif -%}")
 
 
 def conversation_template(tok) -> Optional[str]:
@@ -202,13 +203,11 @@ def give_conversation_template(tok, pairs: list[dict]) -> dict:
     """Install `conversation_template` when it reproduces our ids on every probe pair (chosen and rejected):
     `apply_chat_template(conversation)` and, on its text, `tokenizer(text)` (the text-classification pipeline's
     call; `add_special_tokens=False` when the tokenizer would add BOS again). Returns what the card states."""
-    from datamodules.preference.pair_tokenization import PairTokenizer
+    from datamodules.preference.pair_tokenization import PairTokenizer, render_prompt
 
     template = conversation_template(tok)
     if template is None:
         return {"conversation": False, "conversation_why": "its BOS/EOS cannot be written into a chat template"}
-    from datamodules.preference.pair_tokenization import render_prompt
-
     want = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
     prompts = [render_prompt(tok, p["prompt"]) for p in pairs]
     original = tok.chat_template
@@ -224,8 +223,8 @@ def give_conversation_template(tok, pairs: list[dict]) -> dict:
             if list(got) != ids:
                 tok.chat_template = original
                 return {"conversation": False, "conversation_why": (
-                    "the template's text, tokenized as one string, splits the prompt/response boundary differently "
-                    f"from training on a probe pair ({pair[key][:40]!r})")}
+                    f"`apply_chat_template` over a probe conversation (response {pair[key][:40]!r}) does not give the "
+                    "trained ids")}
             if tok(text)["input_ids"] != ids:
                 facts["pipeline_kwargs"] = {"add_special_tokens": False}
                 if tok(text, add_special_tokens=False)["input_ids"] != ids:
@@ -428,6 +427,7 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
     vocab = module.backbone.get_input_embeddings().num_embeddings
     rows = probe_rows(tok, vocab)
     expected = module_scores(module, rows, tok.pad_token_id)
+    conversations_expected = conversation_expectations(module, tok)
     dtype = next(module.backbone.parameters()).dtype
     base = module.backbone.get_base_model() if hasattr(module.backbone, "peft_config") else module.backbone
     cls = last_token_classifier_class(base) if module.head.pooling == "last" else None
@@ -459,11 +459,12 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
             got = {s: loaded["score_ids"](*pad_rows(rows, new_pad, s)) for s in ("right", "left")}
         worst = compare(expected, got, dtype)
         if facts.get("conversation"):
-            worst = max(worst, check_conversations(module, tok, check_dir, loaded, tok_class, facts, dtype))
+            worst = max(worst, check_conversations(conversations_expected, check_dir, loaded, tok_class, facts,
+                                                   dtype))
         from datamodules.preference.pair_tokenization import is_encoder_tokenizer
 
         if facts.get("remote_code") and is_encoder_tokenizer(tok):
-            worst = max(worst, check_pair_pipeline(module, tok, check_dir, dtype))
+            worst = max(worst, check_pair_pipeline(conversations_expected, tok, check_dir, dtype))
             facts["pair_pipeline"] = True
         facts.update(max_abs_diff=worst, dtype=str(dtype).replace("torch.", ""), padding_side=tok.padding_side,
                      tokenizer_class=tok_class)
@@ -480,18 +481,25 @@ def export_reward_model(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: boo
 
 
 @torch.no_grad()
-def check_conversations(module, tok, directory: str, loaded: dict, tok_class: str, facts: dict,
-                        dtype: torch.dtype) -> float:
-    """The TRL-style paths on the written directory score the probe conversations like the module:
-    `apply_chat_template(conversation)` into the card's model, and `pipeline("text-classification")` on the
-    rendered text (merged exports; an adapter needs its base first)."""
+def conversation_expectations(module, tok) -> tuple[list[list[int]], torch.Tensor]:
+    """Our ids and the module's rewards of the probe conversations (chosen, rejected per pair), unpadded. Taken
+    before anything is written: a `--lora_only` export unloads the adapters from the module."""
     from datamodules.preference.pair_tokenization import PairTokenizer
 
     pairs = conversation_probe_pairs()
     enc = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
     rows = [r for ab in zip(enc["a_input_ids"], enc["b_input_ids"]) for r in ab]
-    convs = [conversation(p, k) for p in pairs for k in ("chosen", "rejected")]
-    want = torch.cat([module(*pad_rows([r], tok.pad_token_id, "right"))[0].float() for r in rows])  # (2P,)
+    return rows, torch.cat([module(*pad_rows([r], tok.pad_token_id, "right"))[0].float() for r in rows])  # (2P,)
+
+
+@torch.no_grad()
+def check_conversations(expectations: tuple, directory: str, loaded: dict, tok_class: str, facts: dict,
+                        dtype: torch.dtype) -> float:
+    """The TRL-style paths on the written directory score the probe conversations like the module:
+    `apply_chat_template(conversation)` into the card's model, and `pipeline("text-classification")` on the
+    rendered text (merged exports; an adapter needs its base first)."""
+    rows, want = expectations
+    convs = [conversation(p, k) for p in conversation_probe_pairs() for k in ("chosen", "rejected")]
     ltok = loaded["tok"]
     ids = [ltok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"] for c in convs]
     if [list(i) for i in ids] != rows:
@@ -552,17 +560,14 @@ whitespace) can get other ids. `reward_input` is exact in every case.'''
 
 
 @torch.no_grad()
-def check_pair_pipeline(module, tok, directory: str, dtype: torch.dtype) -> float:
+def check_pair_pipeline(expectations: tuple, tok, directory: str, dtype: torch.dtype) -> float:
     """An encoder export through `pipeline("text-classification", trust_remote_code=True)` on text pairs
     (prompt as `render_prompt` writes it, response) scores the probe conversations like the module."""
     from transformers import pipeline
 
-    from datamodules.preference.pair_tokenization import PairTokenizer, render_prompt
+    from datamodules.preference.pair_tokenization import render_prompt
 
-    pairs = conversation_probe_pairs()
-    enc = PairTokenizer(tok, max_length=10**6)({k: [p[k] for p in pairs] for k in ("prompt", "chosen", "rejected")})
-    rows = [r for ab in zip(enc["a_input_ids"], enc["b_input_ids"]) for r in ab]
-    want = torch.cat([module(*pad_rows([r], tok.pad_token_id, "right"))[0].float() for r in rows])  # (2P,)
+    pairs, want = conversation_probe_pairs(), expectations[1]
     classify = pipeline("text-classification", model=directory, trust_remote_code=True, function_to_apply="none")
     inputs = [{"text": render_prompt(tok, p["prompt"]), "text_pair": p[k]} for p in pairs for k in ("chosen", "rejected")]
     got = torch.tensor([classify(x)["score"] for x in inputs])
