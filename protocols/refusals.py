@@ -3,7 +3,8 @@
 The protocols raise ordinary exceptions whose messages name the flag, file or stage and the way out; printed as a
 traceback, that sentence sits on the last of forty lines. `run_main` is what each protocol module runs under
 `python -m`: `command_errors.run_command` prints the message alone on one line (`--traceback` anywhere on the
-command line, or SHIFTGEN_TRACEBACK=1, shows the traceback too; `--debug` still does) and the process exits
+command line, or SHIFTGEN_TRACEBACK=1, shows the traceback too; `--debug` still does; a stage's failure also
+appends it to that stage's `stage.log`) and the process exits
 non-zero: 2 refused, 3 an internal error (a defect), 143 stopped by SIGTERM -- Lightning's `SIGTERMException` has no
 exit code, so without this a preempted or timed-out stage ended the protocol with exit code 0 (issue 49). Library
 callers (tests, `protocols.grid`) call `main()` itself and get the exception.
@@ -24,7 +25,7 @@ INTERRUPTED = ("the stage that was running did not finish; rerun the same comman
 def run_main(main: Callable[[Optional[list[str]]], Any], exit_code: Callable[[Any], int] = lambda _: 0) -> NoReturn:
     """`sys.exit(exit_code(main(argv)))`, where a failure prints one `error:` line (with its traceback on request)."""
     code = run_command(main, sys.argv[1:], prog=f"python -m {_module_name()}", exit_code=exit_code,
-                       interrupted=INTERRUPTED)
+                       interrupted=INTERRUPTED, log_of=stage_log_of)
     if code == 0:
         close_process_group()  # a finished DDP run exits 0 on every rank (see its docstring)
     exit_with(code)
@@ -33,3 +34,15 @@ def run_main(main: Callable[[Optional[list[str]]], Any], exit_code: Callable[[An
 def _module_name() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) or os.path.basename(sys.argv[0])
+
+
+def stage_log_of(err: BaseException) -> Optional[str]:
+    """The log of the stage that was running when `err` was raised (`<stage dir>/stage.log`, which holds that
+    stage's output), found in the frames the exception passed through; None outside a stage or before its log."""
+    import traceback
+
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
+        folder = getattr(frame.f_locals.get("stage"), "dir", None)
+        if isinstance(folder, str) and os.path.isfile(os.path.join(folder, "stage.log")):
+            return os.path.join(folder, "stage.log")
+    return None

@@ -159,6 +159,24 @@ def test_a_bad_protocol_config_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_failing_stage_appends_its_traceback_to_the_stage_log(tmp_path, word_tokenizer_dir, capsys, monkeypatch):
+    from protocols import w2s
+    from protocols.refusals import stage_log_of
+    from tests.test_w2s_protocol import _tiny_protocol, _write
+
+    def broken_fit(stage, args, identity):
+        print("the stage's own output")
+        raise RuntimeError("the teacher's fit broke")
+
+    monkeypatch.setattr(w2s, "run_stage", broken_fit)
+    cfg = _write(tmp_path, _tiny_protocol(tmp_path, word_tokenizer_dir, str(tmp_path / "cache")))
+    assert run_command(w2s.main, ["--config", cfg], prog="python -m protocols.w2s", log_of=stage_log_of) == 2
+    log = tmp_path / "run" / "seed0" / "teacher" / "stage.log"
+    assert capsys.readouterr().err == f"error: the teacher's fit broke (traceback: {log})\n"
+    text = log.read_text()
+    assert text.index("the stage's own output") < text.index("Traceback") < text.index("RuntimeError: the teacher's")
+
+
 def test_a_bad_mixture_command_is_one_line(capsys):
     from protocols import mixture
 
