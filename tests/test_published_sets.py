@@ -154,6 +154,19 @@ def test_a_rerun_through_a_linked_seed_folder_withdraws_the_other_configurations
     assert rows[-1]["stage"] == "collect" and rows[-1]["state"].startswith("stale (withdrawn on ")
 
 
+def test_status_over_a_configuration_that_no_longer_parses_is_not_done(finished, tmp_path):
+    """Issue 49, finding 10: a student option the code no longer accepts; `--status` printed "3 done"."""
+    from protocols import w2s
+
+    cfg = _copy(finished, tmp_path)
+    broken = dict(cfg, student_args=cfg["student_args"] + ["--model.no_such_option=1"])
+    rows = {r["stage"]: r["state"] for r in w2s.status(w2s.parse(["--config", _write(tmp_path, broken)]))}
+    for stage in ("seed0/teacher", "seed0/naive"):  # a rerun refuses the whole configuration: its first bad stage
+        assert rows[stage].startswith("changed (a rerun refuses it: the configuration no longer parses: stage "
+                                      f"{cfg['out_dir']}/seed0/naive"[:100]), rows
+    assert rows["collect"].startswith("stale (seed0/teacher, seed0/naive changed since)")
+
+
 def test_orphans_of_a_dead_writer_are_swept_from_a_reused_stage(finished, tmp_path):
     cfg = _copy(finished, tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
