@@ -4,8 +4,11 @@ Any LightningModule / LightningDataModule is chosen by `class_path` in the confi
 agree in one place: the data module tokenizes with the model's tokenizer (`--model.tokenizer`). The frozen
 reference model's callback is always present (`--reference.*`) and does nothing unless the model asks for it.
 
-Three guards live in `cli_guards.py`: `--model.objective naive` (registry names), `--ckpt_path` never silently
-overriding explicit `--model.*` values, and a mistyped key named first with the closest valid one.
+Defaults that do what a user expects live in `cli_defaults.py` (no `--data` class: the preference pairs' one; short
+class names; `--name`, `--verbose`; `--trainer.default_root_dir` honoured; `test` writes beside its checkpoint) and
+`callbacks/run_summary.py` (the end of `fit`). Three guards live in `cli_guards.py`: `--model.objective naive`
+(registry names), `--ckpt_path` never silently overriding explicit `--model.*` values, and a mistyped key named first
+with the closest valid one.
 Checkpoints are written through `lightning_modules.checkpoint_io.AtomicCheckpointIO` (complete or absent, never
 half-written under their final name); `--ckpt_path` is checked (intact archive, this model's kind) before use.
 `python cli.py export --ckpt_path X --out_dir D` writes a checkpoint as a transformers directory instead
@@ -19,8 +22,12 @@ from typing import Optional
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.reference_model import ReferenceModelCallback
+from callbacks.run_summary import RunSummary
+from cli_defaults import (DEFAULT_DATA_CLASS, RunOptions, add_run_options, place_run, pop_run_options,
+                          quiet_console)
 from cli_guards import (ShiftArgumentParser, check_ckpt_path, checkpoint_disagreements, cli_error_line, inner_cause,
                         run_log_of)
 from command_errors import TRACEBACK_ENV, exit_with, run_command, split_traceback_flag
@@ -32,7 +39,14 @@ from lightning_modules.reward.weak_labeller import attach_weak_labeller
 class ShiftCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("parser_class", ShiftArgumentParser)
+        self.run_options = RunOptions()
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # `--verbose` is ours on every subcommand (cli_defaults.add_run_options): Trainer.test/validate's own is skipped
+        return {sub: skip | ({"verbose"} if sub in ("test", "validate") else set())
+                for sub, skip in LightningCLI.subcommands().items()}
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         parser = super().init_parser(**kwargs)
@@ -42,9 +56,12 @@ class ShiftCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ReferenceModelCallback, "reference")
         parser.link_arguments("model.init_args.tokenizer", "data.init_args.tokenizer")
+        parser.set_defaults({"data": {"class_path": DEFAULT_DATA_CLASS}})  # `--data.source local:DIR` alone works
+        add_run_options(parser)  # --name, --verbose: taken out of the config once parsed (no part of an identity)
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
+        self.run_options = pop_run_options(self.config)
         try:  # before LightningCLI reads its hyperparameters: a truncated file would fail there, naming nothing
             check_ckpt_path(self.config)
         except CheckpointError as err:
@@ -55,6 +72,18 @@ class ShiftCLI(LightningCLI):
             parser.error(f"--ckpt_path {self.config[sub].ckpt_path}: the model is built from the checkpoint's "
                          "hyperparameters, and these values given explicitly (flags or --config files) differ:\n  "
                          + "\n  ".join(differing) + "\nDrop them to use the checkpoint's values.")
+        sub = self.config.get("subcommand")
+        if sub:  # a run (not the protocols' parse-only parser): what it prints, where it writes
+            quiet_console(self.run_options.verbose)
+            try:
+                notes = place_run(self.config[sub], self.trainer_defaults, self.run_options, sub)
+            except ValueError as err:
+                parser.error(str(err))
+            for note in notes:
+                rank_zero_info(note)
+
+    def before_instantiate_classes(self) -> None:
+        pop_run_options(self.config)  # parsing the checkpoint's hyperparameters onto the config adds their defaults
 
     def instantiate_classes(self) -> None:
         try:
@@ -71,7 +100,15 @@ class ShiftCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         install_atomic_checkpoint_io(trainer, chosen_by="--trainer.default_root_dir (or the logger's save_dir, "
                                                         "or ModelCheckpoint's dirpath)")
+        if self.subcommand == "fit":  # after ModelCheckpoint: it reads the paths that callback has just written
+            trainer.callbacks.append(RunSummary())
         return trainer
+
+    def test(self, **kwargs):  # LightningCLI runs these instead of the Trainer's methods
+        return self.trainer.test(**kwargs, verbose=self.run_options.verbose)  # the model prints its own table
+
+    def validate(self, **kwargs):
+        return self.trainer.validate(**kwargs, verbose=self.run_options.verbose)
 
 
 def main(args=None, run: bool = True, exit_on_error: bool = True) -> ShiftCLI:

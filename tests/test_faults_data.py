@@ -68,7 +68,7 @@ def index(cache_dir: Path) -> dict:
 def test_sigkill_while_caching_a_split_then_a_fresh_run_prepares_what_a_clean_run_prepares(word_tokenizer_dir,
                                                                                             tmp_path):
     kwargs = dict(source=SOURCE, ood_targets=TARGETS, tokenizer=word_tokenizer_dir, source_options=synth_options(),
-                  batch_size=16, eval_batch_size=16, max_length=96, seed=0)
+                  batch_size=16, eval_batch_size=16, max_length=96, seed=0, train_subset="teacher")
     killed_cache, clean_cache = tmp_path / "killed", tmp_path / "clean"
     tokenized = killed_cache / "tokenized"
 

@@ -2,7 +2,7 @@
 
 Split layout (all seeded and recorded in `<log_dir>/data_manifest.json` and `<log_dir>/splits.json`):
 - the source's train split is shuffled and cut into the **teacher half** (first `teacher_fraction`) and the
-  **student half** (the rest); `train_subset` picks which one `fit` trains on;
+  **student half** (the rest); `train_subset` picks what `fit` trains on: both (`all`, the default) or one half;
 - validation: the source's validation split, or `val_fraction` of train carved off first when it has none;
 - test: the source's test split (ID) and the test split of every OOD target, in that order
   (`test_split_names`), each evaluated by `cli.py test` and logged as `test/acc/<source name>`.
@@ -120,7 +120,8 @@ class PreferenceDataModule(pl.LightningDataModule):
         source_options: per source name, constructor options (e.g. the synthetic generator's knobs).
         max_length: maximum tokens per sequence (prompt + response).
         truncation: "keep_response" (cut the prompt's oldest tokens first), "truncate_response" or "drop".
-        train_subset: which half of the source train split `fit` trains on: "teacher", "student" or "all".
+        train_subset: what `fit` trains on: "all" (the whole train split, the default), or one half of it,
+            "teacher" or "student" (the weak-to-strong protocol's halves: it names the half of each stage).
         teacher_fraction: share of the source train split that forms the teacher half.
         val_fraction: share of train carved off as validation when the source has no validation split.
         max_pairs: optional caps per split kind ("train", "validation", "test"), a seeded subsample.
@@ -170,7 +171,7 @@ class PreferenceDataModule(pl.LightningDataModule):
         source_options: dict[str, dict] = {},
         max_length: int = 512,
         truncation: str = "keep_response",
-        train_subset: str = "teacher",
+        train_subset: str = "all",
         teacher_fraction: float = 0.5,
         val_fraction: float = 0.05,
         max_pairs: dict[str, int] = {},
@@ -517,9 +518,7 @@ class PreferenceDataModule(pl.LightningDataModule):
     def _write_manifest(self) -> None:
         trainer = self.trainer
         log_dir = trainer.log_dir if trainer is not None else None
-        summary = {k: {s: c for s, c in v.items() if s != "ok"} for k, v in self.manifest["tokenization"].items()}
-        rank_zero_info(f"[data] sizes {self.manifest['sizes']}; dropped {self.manifest['dropped']}; "
-                       f"truncation {summary}")
+        rank_zero_info(data_summary(self.manifest, self.hparams.train_subset))
         if trainer is None or not trainer.is_global_zero or not log_dir:
             return
         origin = "the trainer's log_dir (--trainer.default_root_dir / --trainer.logger)"
@@ -600,6 +599,30 @@ class PreferenceDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> list[DataLoader]:
         return [self._eval_loader(self.datasets[f"test/{n}"]) for n in self.test_split_names]
+
+
+def data_summary(manifest: dict, train_subset: str) -> str:
+    """One line: the pairs `fit` trains on (and which part of the train split they are), the other splits' sizes,
+    then drops and truncations where there are any, e.g.
+    `[data] train 95 pairs (the whole train split: --data.train_subset all); validation 5; test local:d 50`."""
+    sizes = manifest["sizes"]
+    halves = sizes.get("train_teacher", 0), sizes.get("train_student", 0)
+    if train_subset == "all":
+        train = f"train {sum(halves)} pairs (the whole train split: --data.train_subset all)"
+    else:
+        n, other = (halves[0], halves[1]) if train_subset == "teacher" else (halves[1], halves[0])
+        train = (f"train {n} pairs (the {train_subset} half of {sum(halves)}: --data.train_subset {train_subset}; "
+                 f"the other half's {other} unused)")
+    parts = [train] + [f"{'validation' if k == 'validation' else k.replace('test/', 'test ', 1)} {v}"
+                       for k, v in sizes.items() if not k.startswith("train_")]
+    dropped = {split: counts for split, counts in manifest.get("dropped", {}).items() if counts}
+    if dropped:
+        parts.append(f"dropped {dropped}")
+    cut = {k: {s: c for s, c in v.items() if s not in ("ok", "cached") and c} for k, v in manifest["tokenization"].items()}
+    cut = {k: v for k, v in cut.items() if v}
+    if cut:
+        parts.append(f"truncation {cut}")
+    return "[data] " + "; ".join(parts)
 
 
 class TokenizeWithLength:
