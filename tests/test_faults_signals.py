@@ -289,3 +289,19 @@ def test_a_sigkilled_mixture_leaves_no_live_child_and_the_rerun_completes_the_st
     assert json.load(open(record))["status"] == "done"
     log = open(os.path.join(out, "two_policies", "seed_0", "stages", "sft.log")).read()
     assert log.count("$ ") == 1 and "Trainer.fit` stopped: `max_steps=2` reached" in log  # one fit, whole
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_ddp_rank_asks_to_die_with_the_rank_that_started_it():
+    """A W2S rank that Lightning started (LOCAL_RANK >= 1) runs `run_local` too; it asks for SIGKILL on its parent's
+    death, read back with prctl(PR_GET_PDEATHSIG)."""
+    code = ("import ctypes, os, sys; sys.path.insert(0, %r)\n"
+            "from protocols.engine import children\n"
+            "before = ctypes.c_int(); libc = ctypes.CDLL(None)\n"
+            "libc.prctl(2, ctypes.byref(before), 0, 0, 0)\n"
+            "assert children.die_with_parent()\n"
+            "after = ctypes.c_int(); libc.prctl(2, ctypes.byref(after), 0, 0, 0)\n"
+            "print(before.value, after.value)" % ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", str(int(signal.SIGKILL))]

@@ -12,6 +12,8 @@
   parent-death signal does not exist. The lock file also names the child's PID.
 - **Interruption.** A protocol stopped by SIGTERM / SIGINT kills every live child before it exits
   (`kill_all`, called by the engine's executors).
+- **DDP ranks.** The ranks Lightning starts for a W2S stage under `--trainer.strategy ddp` re-run the protocol's
+  command; each asks for the same parent-death signal itself (`die_with_parent`, called by `local.run_local`).
 
 The executor says which lock a stage holds for the thread that runs it (`holding`); `run` reads it.
 """
@@ -98,6 +100,18 @@ def live() -> list[int]:
     """The PIDs of the children running now."""
     with _guard:
         return [p.pid for p in _live]
+
+
+def die_with_parent() -> bool:
+    """This process gets SIGKILL when its parent dies: what a DDP rank that Lightning (or torchrun) started calls,
+    so that a protocol killed with `kill -9` leaves no rank waiting in a collective for the group's 30-minute
+    timeout. Returns whether the request was made (Linux only)."""
+    parent = os.getppid()
+    preexec = _die_with(parent) if sys.platform.startswith("linux") else None
+    if preexec is None:
+        return False
+    preexec()
+    return True
 
 
 def _die_with(parent: int):

@@ -80,6 +80,8 @@ def run_local(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, workers: i
     """Every stage, in dependency order; returns key -> result. `between(previous, next)`: called between two
     stages in order (W2S frees a seed's shared stores when the next stage is another seed's); sequential only."""
     progress = progress or Progress(specs, hooks)
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # a DDP rank started by rank 0 (or torchrun): dies with it
+        children.die_with_parent()
     if workers > 1:
         return _run_parallel(specs, hooks, force, workers, progress)
     results: dict[str, dict] = {}
