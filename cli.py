@@ -74,7 +74,7 @@ class ShiftCLI(LightningCLI):
                          + "\n  ".join(differing) + "\nDrop them to use the checkpoint's values.")
         sub = self.config.get("subcommand")
         if sub:  # a run (not the protocols' parse-only parser): what it prints, where it writes
-            quiet_console(self.run_options.verbose)
+            quiet_console(self.run_options.loud)
             try:
                 notes = place_run(self.config[sub], self.trainer_defaults, self.run_options, sub)
             except ValueError as err:
@@ -105,10 +105,10 @@ class ShiftCLI(LightningCLI):
         return trainer
 
     def test(self, **kwargs):  # LightningCLI runs these instead of the Trainer's methods
-        return self.trainer.test(**kwargs, verbose=self.run_options.verbose)  # the model prints its own table
+        return self.trainer.test(**kwargs, verbose=self.run_options.loud)  # the model prints its own table
 
-    def validate(self, **kwargs):
-        return self.trainer.validate(**kwargs, verbose=self.run_options.verbose)
+    def validate(self, **kwargs):  # Lightning's table is validate's only output: shown unless --verbose=false
+        return self.trainer.validate(**kwargs, verbose=self.run_options.verbose is not False)
 
 
 def main(args=None, run: bool = True, exit_on_error: bool = True) -> ShiftCLI:

@@ -36,7 +36,11 @@ DEFAULT_SAVE_DIR, DEFAULT_NAME = "runs", "default"  # the logger of `cli.main`'s
 @dataclass
 class RunOptions:
     name: Optional[str] = None
-    verbose: bool = False
+    verbose: Optional[bool] = None  # None: not given (quiet; `validate` still prints its metrics, its only output)
+
+    @property
+    def loud(self) -> bool:
+        return bool(self.verbose)
 
 
 def add_run_options(parser) -> None:
@@ -45,20 +49,20 @@ def add_run_options(parser) -> None:
                         help="Name of the run: its folder is <save_dir>/<name>/version_<k> (default: "
                              f"{DEFAULT_SAVE_DIR}/{DEFAULT_NAME}/version_<k>). Same as "
                              "--trainer.logger.init_args.name. Not part of the run's config.")
-    parser.add_argument("--verbose", type=bool, nargs="?", const=True, default=False,
-                        help="Show Lightning's own output too: its metric table after test/validate, tips, "
+    parser.add_argument("--verbose", type=Optional[bool], nargs="?", const=True, default=None,
+                        help="Show Lightning's own output too: its metric table after test (validate prints it "
+                             "unless --verbose=false), tips, "
                              "deprecation warnings, the datasets / transformers progress bars. Not part of the run's "
                              "config.")
 
 
 def pop_run_options(config: Namespace) -> RunOptions:
-    """The run options, removed from `config` (of a subcommand, or the parse-only parser's). Idempotent: a second
-    call on the same config returns what the first found only if they were added back (the checkpoint's
-    hyperparameters are parsed onto the config afterwards, which may restore their defaults)."""
+    """The run options, removed from `config` (a subcommand's, or the parse-only parser's). Called again before the
+    classes are built: parsing a checkpoint's hyperparameters onto the config puts their defaults back."""
     sub = config.get("subcommand")
     where = config[sub] if sub else config
     found = {key: where.pop(key) for key in RUN_OPTIONS if key in where}
-    return RunOptions(**{k: v for k, v in found.items() if v is not None})
+    return RunOptions(**found)
 
 
 def place_run(config: Namespace, trainer_defaults: dict, options: RunOptions, subcommand: str) -> list[str]:

@@ -177,6 +177,11 @@ def test_verbose_brings_back_lightnings_table_and_tip(in_fitted, capfd, caplog):
          "--verbose=false"])  # as the W2S protocol passes it
     text = printed(capfd, caplog)
     assert "Test metric" not in text and "💡 Tip" not in text
+    # validate has no table of the project's own: Lightning's is its output, unless --verbose=false
+    for extra, shown in (([], True), (["--verbose=false"], False)):
+        run(["validate", "--config", CPU, "--config", TINY, f"--data.source=local:{pairs}", *SMALL,
+             f"--ckpt_path={ckpt}", *extra])
+        assert ("Validate metric" in printed(capfd, caplog)) is shown
 
 
 def test_name_and_an_explicit_logger_name_that_disagree_fail_in_one_line(in_tmp, capsys):
