@@ -17,8 +17,6 @@ import re
 import warnings
 from typing import Any, Optional
 
-from lightning.pytorch import LightningDataModule, LightningModule
-
 # Run-location keys (dotted, as in `flatten`): the same run written elsewhere is the same stage.
 LOCATION_KEYS = {
     "trainer.default_root_dir", "trainer.logger.init_args.save_dir", "trainer.logger.init_args.name",
@@ -60,6 +58,8 @@ def resolve_cli_config(args: list[str]) -> dict:
 def _parse_only_cli():
     """A ShiftCLI (its parser, links and guards) whose `parse_arguments` stops right after parsing, raising
     `_Parsed`; built once: its constructor's own parse only captures it and its parser."""
+    from lightning.pytorch import LightningDataModule, LightningModule  # here: the engine imports this module
+
     from cli import ShiftCLI
 
     class ParseOnlyCLI(ShiftCLI):

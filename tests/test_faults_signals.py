@@ -202,6 +202,7 @@ def test_sigkill_of_the_protocol_kills_its_stage_child_and_the_rerun_runs_the_st
     script = _fake(tmp_path)
     parent = _start(script, sleep=120)
     child = _child_of(tmp_path)
+    _wait_for(lambda: _starts(tmp_path) == [str(child)], what="the child to start its work")
     assert _alive(child)
     assert _status(tmp_path)["seed0/a"] == f"running (PID {parent.pid} on {os.uname().nodename}, its fit PID {child})"
     parent.kill()
@@ -223,6 +224,7 @@ def test_a_child_that_outlives_its_protocol_holds_its_stage(tmp_path):
     script = _fake(tmp_path)
     parent = _start(script, sleep=120, pdeathsig=False)
     child = _child_of(tmp_path)
+    _wait_for(lambda: _starts(tmp_path) == [str(child)], what="the child to start its work")
     parent.kill()
     parent.wait()
     try:

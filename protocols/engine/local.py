@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import os
+import sys
 import time
 from contextlib import nullcontext
 from typing import Callable, Optional
@@ -106,6 +107,7 @@ def _one(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSp
     if forced:
         forced_keys.add(spec.key)
     start = time.time()
+    withdraw_readers(hooks, spec)
     result = _run_holding(lock, spec, hooks, {u: results[u] for u in spec.upstream}, identity, forced)
     progress.ran(spec, result, time.time() - start)
     return result
@@ -177,6 +179,12 @@ def _schedule(pool: futures.ThreadPoolExecutor, pending: list[StageSpec], runnin
             if forced:
                 forced_keys.add(spec.key)
             upstream = {u: results[u] for u in spec.upstream}
+            try:
+                withdraw_readers(hooks, spec)  # here, in declared order: the stage threads only run
+            except Exception as err:  # noqa: BLE001 -- as a refusal: stop starting, finish the running
+                lock.__exit__(None, None, None)
+                error = err
+                break
             running[pool.submit(_run_holding, lock, spec, hooks, upstream, identity, forced)] = (spec, lock, time.time())
         if settled and len(running) < workers:
             continue  # a free worker: start what the reused stages unblocked before waiting on a running one
@@ -198,9 +206,8 @@ def _schedule(pool: futures.ThreadPoolExecutor, pending: list[StageSpec], runnin
 
 def _run_holding(lock, spec: StageSpec, hooks: Hooks, upstream: dict[str, dict], identity: dict,
                  forced: bool) -> dict:
-    """`hooks.run` (after withdrawing the sets that read the stage), its children holding the stage's lock
-    (`children.holding`): in this thread, or on a pool thread."""
-    withdraw_readers(hooks, spec)
+    """`hooks.run`, its children holding the stage's lock (`children.holding`): in this thread, or on a pool
+    thread. The caller has withdrawn the sets that read the stage (`withdraw_readers`)."""
     with children.holding(lock):
         return hooks.run(spec, upstream, identity, forced)
 
@@ -212,7 +219,6 @@ def withdraw_readers(hooks: Hooks, spec: StageSpec) -> list[str]:
     (a linked seed folder, another configuration sharing the stage, another experiment of the mixture's family).
     Returns the withdrawn sets' folders."""
     from protocols.published_set import withdraw_sets_reading, withdraw_sets_reading_file
-    from protocols.rank_errors import on_rank_zero
 
     why = "runs again" if hooks.finished(spec) is not None else "is missing and runs"
     result_file = getattr(hooks, "result_file", None)
@@ -222,6 +228,10 @@ def withdraw_readers(hooks: Hooks, spec: StageSpec) -> list[str]:
         if result_file is not None:
             withdrawn += withdraw_sets_reading_file(result_file(spec), spec.key, why)
         return withdrawn
+    if "torch" not in sys.modules:  # no process group can exist (a protocol whose stages are subprocesses)
+        return withdraw() if is_global_zero() else []
+    from protocols.rank_errors import on_rank_zero
+
     return on_rank_zero(f"withdraw the sets that read {hooks.where(spec)}", withdraw) or []
 
 
