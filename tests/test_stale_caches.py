@@ -204,7 +204,8 @@ def test_trigger_questions_read_a_file_rewritten_with_its_old_size_and_mtime(tmp
 
 def test_forced_rerun_publishes_the_accuracy_on_a_target_rewritten_with_its_old_size_and_mtime(
         tmp_path, word_tokenizer_dir, cache_dir, monkeypatch):
-    """The issue's numbers end to end: a teacher-only protocol; its target's chosen and rejected swapped, size and
+    """The issue's numbers end to end: a protocol (its teacher is what is read; `methods: []` is refused since issue
+    49, so one student runs beside it); its target's chosen and rejected swapped, size and
     mtime restored; `--force` retrains and retests the same (deterministic) teacher on the same cache_dir. Its
     published accuracy on the target is 100 - the old one; the stat-keyed index published the old one again."""
     from protocols.data_identity import REHASH_ENV
@@ -217,8 +218,7 @@ def test_forced_rerun_publishes_the_accuracy_on_a_target_rewritten_with_its_old_
     old = time.time_ns() - 10**10  # an old file: the digest cache trusts its hash while size and mtime stay
     os.utime(prefs, ns=(old, old))
     target = f"local:{prefs}"
-    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, extra_args=[f"--data.ood_targets+={target}"],
-                         methods=[])
+    cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, extra_args=[f"--data.ood_targets+={target}"])
     path = _write(tmp_path, cfg)
     run_protocol(["--config", path])
     before = _stage_acc(cfg["out_dir"], 0, "teacher")[target]
