@@ -170,8 +170,10 @@ def run_command(main: Callable[[list[str]], Any], argv: Optional[list[str]] = No
         return 0 if err.code is None else err.code if isinstance(err.code, int) else 1
     except KeyboardInterrupt as err:
         return _fail(err, EXIT_CTRL_C, f"{prog} was interrupted (Ctrl-C): {interrupted}", show, log_of)
-    except REFUSALS as err:
-        return _fail(err, EXIT_REFUSED, describe(err) or message_of(err), show, log_of)
+    except REFUSALS as err:  # a refusal may carry its own code (an interrupted protocol run: 128 + the signal)
+        code = getattr(err, "exit_code", EXIT_REFUSED)
+        return _fail(err, code if isinstance(code, int) and code > 0 else EXIT_REFUSED,
+                     describe(err) or message_of(err), show, log_of)
     except Exception as err:  # noqa: BLE001 -- not a refusal: a defect, said as one, with the way to see it
         return _fail(err, EXIT_INTERNAL, f"internal error in {prog}: {type(err).__name__}: {message_of(err)} "
                                          f"({HINT}, and report it)", show, log_of)
