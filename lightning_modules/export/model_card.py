@@ -107,9 +107,14 @@ def accuracy_table(prov: dict) -> str:
     return "\n".join(lines)
 
 
+def _trained_part(train_subset: str) -> str:
+    """What part of the source's train split trained the model: a W2S half, or all of it (plain `fit`)."""
+    return "the whole train split" if train_subset == "all" else f"{train_subset} half"
+
+
 def provenance_table(prov: dict) -> str:
     rows = [
-        ("source data (ID)", f"`{prov['source']}`, {prov['train_subset']} half, {prov['labels']}"),
+        ("source data (ID)", f"`{prov['source']}`, {_trained_part(prov['train_subset'])}, {prov['labels']}"),
         ("OOD targets", ", ".join(f"`{t}`" for t in prov["ood_targets"]) or "none"),
         ("objective", prov["objective"]),
         ("ANCHOR λ (anchor_coef)", f"{prov['anchor_coef']} on depth fractions {prov['anchor_layers']}"),
