@@ -149,8 +149,11 @@ QUIET_WARNINGS = (
     (Warning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),  # torch's pytree, inside Lightning
     (Warning, r"The dirpath has changed from"),
 )
-QUIET_INFO_PREFIXES = ("💡 Tip:",)  # Lightning's advertisement for its cloud logger, on every Trainer
-_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+# Lightning's advertisement for its cloud logger, and its start-up lines (which accelerators exist, the seed: the
+# seed is in config.yaml, the device in the Trainer's own flags), printed on every Trainer before any error line.
+QUIET_INFO_PREFIXES = ("💡 Tip:", "GPU available:", "TPU available:", "HPU available:", "Seed set to ")
+_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.fabric.utilities.seed")
 
 
 class _DropInfo:
@@ -164,7 +167,8 @@ _DROP_INFO = _DropInfo()
 
 
 def quiet_console(verbose: bool) -> None:
-    """Without `--verbose`: no `datasets` / `transformers` progress bars, none of QUIET_WARNINGS, no Lightning tip.
+    """Without `--verbose`: no `datasets` / `transformers` progress bars, none of QUIET_WARNINGS, no Lightning tip or
+    start-up lines (QUIET_INFO_PREFIXES).
     With it, all of them again (a process that runs several commands, as a protocol does, gets what each asks for)."""
     import logging
     import warnings

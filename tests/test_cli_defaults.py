@@ -172,11 +172,11 @@ def test_verbose_brings_back_lightnings_table_and_tip(in_fitted, capfd, caplog):
     run(["test", "--config", CPU, "--config", TINY, f"--data.source=local:{pairs}", *SMALL, f"--ckpt_path={ckpt}",
          "--verbose"])
     text = printed(capfd, caplog)
-    assert "Test metric" in text and "💡 Tip" in text
+    assert "Test metric" in text and "💡 Tip" in text and "GPU available:" in text
     run(["test", "--config", CPU, "--config", TINY, f"--data.source=local:{pairs}", *SMALL, f"--ckpt_path={ckpt}",
          "--verbose=false"])  # as the W2S protocol passes it
     text = printed(capfd, caplog)
-    assert "Test metric" not in text and "💡 Tip" not in text
+    assert "Test metric" not in text and "💡 Tip" not in text and "GPU available:" not in text
     # validate has no table of the project's own: Lightning's is its output, unless --verbose=false
     for extra, shown in (([], True), (["--verbose=false"], False)):
         run(["validate", "--config", CPU, "--config", TINY, f"--data.source=local:{pairs}", *SMALL,

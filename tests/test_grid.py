@@ -36,6 +36,7 @@ def test_paper_grid_lists_every_source_and_family_and_estimates_by_flops(monkeyp
     assert "--slurm.gpus_per_node=1" in flags and "--slurm.extra=[]" in flags
 
 
+@pytest.mark.slow  # a whole protocol run (15-25 s): make test-slow; the fast suite keeps its parts' unit tests
 def test_one_command_runs_every_protocol_of_a_grid(tmp_path, word_tokenizer_dir, cache_dir, capsys):
     configs = []
     for name in ("a", "b"):

@@ -125,6 +125,7 @@ def test_from_method_must_name_an_earlier_fitted_method(tmp_path, word_tokenizer
         run_protocol(["--config", _write(tmp_path, cfg)])
 
 
+@pytest.mark.slow  # a whole protocol run (15-25 s): make test-slow; the fast suite keeps its parts' unit tests
 def test_an_early_stopped_stage_reports_the_drift_of_the_checkpoint_it_keeps(tmp_path, word_tokenizer_dir, cache_dir):
     """Drift belongs to the scored weights: a `best` checkpoint's row reads the measurement taken at its step, not
     the final weights' (which a `last` stage of the same run reports)."""

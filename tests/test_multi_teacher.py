@@ -215,6 +215,7 @@ def test_a_multi_teacher_fit_trains_logs_and_checkpoints_the_weights(word_tokeni
     assert not hasattr(load_teacher(path).objective, "logits")
 
 
+@pytest.mark.slow  # a whole protocol run (15-25 s): make test-slow; the fast suite keeps its parts' unit tests
 def test_a_protocol_with_two_extra_teachers(tmp_path, word_tokenizer_dir, cache_dir):
     """Extra teacher stages, a row of the best single teacher (a sweep over teachers) and a multi-teacher row: the
     weights in result.json sum to 1, and every row's scores are against the main teacher's own test accuracies."""

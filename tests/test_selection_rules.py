@@ -137,6 +137,7 @@ def test_a_run_records_both_rules_and_the_same_step_table(tmp_path, word_tokeniz
     assert "Selection `weak_val`" in md and "Same-step comparison" in md and f"| es | 1 | 0 | {n} |" in md
 
 
+@pytest.mark.slow  # a whole protocol run (15-25 s): make test-slow; the fast suite keeps its parts' unit tests
 def test_ensemble_rows_combine_every_stage_of_the_named_methods(tmp_path, word_tokenizer_dir, cache_dir):
     """WARM and a prediction ensemble as protocol rows: no fit, one evaluation, the same row under both rules; the
     averaged checkpoint is the hand average of the members' weights."""
