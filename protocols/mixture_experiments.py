@@ -24,6 +24,7 @@ import glob
 import os
 from typing import Optional
 
+from datamodules.triggers.family_files import unknown_field
 from protocols.mixture_stages import ROOT, Experiment, Stage
 
 SHIPPED_DIR = os.path.join(ROOT, "configs", "mixture", "experiments")
@@ -40,11 +41,9 @@ def _fail(path: str, field: str, problem: str) -> ExperimentFileError:
 
 
 def _unknown(path: str, where: str, keys, known) -> None:
-    for key in keys:
-        if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise _fail(path, f"{where}{key}", f"unknown field{hint}; known: {', '.join(known)}")
+    found = unknown_field(keys, known)
+    if found:
+        raise _fail(path, f"{where}{found[0]}", found[1])
 
 
 def _config_path(path: str, field: str, value) -> str:

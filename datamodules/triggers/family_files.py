@@ -135,12 +135,21 @@ def _fail(path: str, field: str, problem: str) -> FamilyFileError:
     return FamilyFileError(f"{path}: {field}: {problem}")
 
 
-def _unknown(path: str, where: str, keys, known) -> None:
+def unknown_field(keys, known) -> Optional[tuple[str, str]]:
+    """The first of `keys` not in `known`, with its problem ("unknown field (did you mean ...?); known: ..."), or
+    None. Shared by the family files and the experiment files (protocols/mixture_experiments.py)."""
     for key in keys:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise _fail(path, f"{where}{key}", f"unknown field{hint}; known: {', '.join(known)}")
+            return str(key), f"unknown field{hint}; known: {', '.join(known)}"
+    return None
+
+
+def _unknown(path: str, where: str, keys, known) -> None:
+    found = unknown_field(keys, known)
+    if found:
+        raise _fail(path, f"{where}{found[0]}", found[1])
 
 
 def _mapping(path: str, field: str, value, allow_none: bool = True) -> dict:
