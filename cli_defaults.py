@@ -148,6 +148,8 @@ QUIET_WARNINGS = (
     (FutureWarning, r"Specifying null_placement in SortOptions is deprecated"),  # pyarrow, in `datasets.sort`
     (Warning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),  # torch's pytree, inside Lightning
     (Warning, r"The dirpath has changed from"),
+    # on a machine with SLURM's client installed (as CI's, for the launcher tests): a plain run is not a SLURM run
+    (Warning, r"The `srun` command is available on your system but is not used"),
 )
 # Lightning's advertisement for its cloud logger, and its start-up lines (which accelerators exist, the seed: the
 # seed is in config.yaml, the device in the Trainer's own flags), printed on every Trainer before any error line.
