@@ -331,7 +331,8 @@ def test_status_names_a_stage_a_rerun_would_refuse_as_changed(w2s_run):
     states = _states(w2s.status(parse(["--config", config]), changed=changed))
     assert states["seed0/naive"] == ("changed (a rerun refuses it: model.lr: 0.001 → 0.002; --force seed0/naive "
                                      "reruns it)")
-    assert states["seed0/teacher"] == states["seed0/confidence"] == states["collect"] == "done"
+    assert states["seed0/teacher"] == states["seed0/confidence"] == "done"
+    assert states["collect"] == "stale (seed0/naive changed since)"  # issue 49 (10): a table read a changed stage
     assert seen == [("teacher", False), ("naive", True), ("confidence", True)]
 
 
