@@ -22,6 +22,7 @@ from typing import Optional
 
 from datamodules.atomic_files import atomic_write
 from protocols import stats
+from protocols.engine.machine import fingerprint
 from protocols.published_set import register_readers, remove_stale, write_set_record
 from protocols.run_files import publish_set
 
@@ -197,7 +198,7 @@ def stage_run_seconds(records: dict[int, dict]) -> float:
 
 
 def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dict], wall_s: float,
-                 command: str, stages_read: Optional[dict[str, dict]] = None) -> str:
+                 command: str, stages_read: Optional[dict[str, dict]] = None, threads: Optional[int] = None) -> str:
     """`<family_dir>/<name>_results.md` and `.json`, published as one set (`<name>_results/`, the two names link into
     it: `run_files.publish_set`); returns the Markdown path. `wall_s` and `command`: the run's, from its command to
     this report (a SLURM run's collecting job passes the submitting command and the time since submission:
@@ -210,7 +211,7 @@ def write_report(family_dir: str, name: str, exp, stages, records: dict[int, dic
           f"{runs_s / 60:.1f} min in all (a reused stage counts its first run).", "",
           "Cells: mean ± std over seeds (sample std), then the per-seed values in seed order.", ""]
     out = {"experiment": name, "family": exp.family, "seeds": seeds, "wall_s": wall_s, "stage_runs_s": runs_s,
-           "command": command, "stages": {}}
+           "command": command, "machine": fingerprint(threads=threads), "stages": {}}  # threads: the stages' own
     for stage in stages:
         per_seed = {s: records[s][stage.name] for s in seeds}
         out["stages"][stage.name] = {"title": stage.title, "records": per_seed}

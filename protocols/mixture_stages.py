@@ -156,7 +156,7 @@ class MixtureHooks:
         read = {s.key: stage_entry(self.root, self.record(s), results[s.key]) for s in specs
                 if results[s.key].get("status") == "done"}  # the set's stages: a rerun of one withdraws it
         return write_report(self.root, self.report, self.exp, self.stages, records, wall_s, command=command,
-                            stages_read=read)
+                            stages_read=read, threads=self.threads)
 
     # ---- cluster jobs
     def job_command(self, key: Optional[str], rerun: bool, submission: Any) -> list[str]:

@@ -106,6 +106,7 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     """results.json's content: the table (rows = methods, a swept method's row picked per seed by `id_val`), the
     `oracle_target` table beside it, the paired differences to ANCHOR, and what they need to be read."""
     from protocols.budget import budget, budget_markdown, same_step, same_step_markdown
+    from protocols.engine.machine import fingerprint
     from protocols.model_selection import (
         available, paired, paired_markdown, select, selection_markdown, selection_record,
     )
@@ -161,7 +162,8 @@ def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
             "teacher_labels": teacher_labels, "teacher_search": searches, "teacher_structure": structures,
             "drift_ood_correlation": correlation, "markdown": markdown,
             "wall_seconds": {m: sum(s.get("fit_seconds", 0.0) for s in per.values()) for m, per in stages_raw.items()},
-            "method_seconds": method_seconds(p, stages_raw), **({"multi_teacher": teachers} if teachers else {})}
+            "method_seconds": method_seconds(p, stages_raw), **({"multi_teacher": teachers} if teachers else {}),
+            "machine": fingerprint()}  # which machine must reproduce this table cell for cell (issue 50)
 
 
 WEAK_VAL_RULE = ("the strict weak-to-strong reading: every swept value and stopping point chosen by agreement with the "

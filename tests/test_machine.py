@@ -48,3 +48,28 @@ def test_describe_is_one_line():
     fp = {"cpu": "AMD EPYC", "flags": ["avx2", "fma"], "threads": 2, "torch": "2.3.1", "transformers": "4.44.0"}
     assert describe(fp) == "AMD EPYC, avx2+fma, 2 threads, torch 2.3.1, transformers 4.44.0"
     assert describe({**fp, "flags": [], "threads": 1}) == "AMD EPYC, no kernel flags, 1 thread, torch 2.3.1, transformers 4.44.0"
+
+
+def test_a_w2s_results_json_records_the_machine(tmp_path):
+    from tests.test_w2s_report import _run
+
+    _, _, results = _run(tmp_path)
+    assert results["machine"] == fingerprint()
+
+
+def test_a_part_b_results_json_records_the_stages_thread_count(tmp_path):
+    """The report process is not where the stages ran: their thread count (OMP_NUM_THREADS the stages were given)
+    is recorded, not the report's own."""
+    import json
+    from types import SimpleNamespace
+
+    from protocols.mixture_report import write_report
+
+    exp = SimpleNamespace(family="fam", summary="a literal experiment")
+    stage = SimpleNamespace(name="rl", title="RL", sft=False)
+    records = {0: {"rl": {"status": "failed", "error": "not run"}}}
+    write_report(str(tmp_path), "x_seeds_0", exp, [stage], records, 1.0, command="python -m protocols.mixture x",
+                 threads=3)
+    with open(tmp_path / "x_seeds_0_results.json") as f:
+        machine = json.load(f)["machine"]
+    assert machine == fingerprint(threads=3) and machine["threads"] == 3
