@@ -12,9 +12,17 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import NamedTuple, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NUMBER = re.compile(r"[+\-−]?\d+(?:\.\d+)?")
+# The exponent is part of the number: the drift cells print 8.02e-05, which read as 8.02 would let a 100x change pass.
+_NUMBER = r"[+\-−]?\d+(?:\.\d+)?(?:[eE][+\-−]?\d+)?"
+NUMBER = re.compile(_NUMBER)
+
+
+def to_float(text: str) -> float:
+    """A number as the reports print it (a typographic minus, an exponent)."""
+    return float(text.replace("−", "-"))
 
 
 def documented_table(page: str, name: str) -> str:
@@ -61,7 +69,7 @@ def parse_table(markdown: str) -> dict[str, dict[str, float]]:
         for col, cell in zip(header[1:], cells[1:]):
             m = NUMBER.search(cell.replace("**", ""))
             if m:
-                values[col] = float(m.group(0).replace("−", "-"))
+                values[col] = to_float(m.group(0))
         rows[cells[0]] = values
     return rows
 
@@ -89,7 +97,7 @@ def documented_columns(measured: dict, documented: dict) -> dict:
             for row, cols in measured.items()}
 
 
-MEAN_STD = re.compile(r"^\s*([+\-−]?\d+(?:\.\d+)?)\s*±\s*(\d+(?:\.\d+)?)")
+MEAN_STD = re.compile(rf"^\s*({_NUMBER})\s*±\s*({_NUMBER})")
 
 
 def parse_mean_std_table(markdown: str) -> dict[str, dict[str, tuple[float, float]]]:
@@ -102,6 +110,42 @@ def parse_mean_std_table(markdown: str) -> dict[str, dict[str, tuple[float, floa
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = {col: (float(m.group(1).replace("−", "-")), float(m.group(2)))
+        rows[cells[0]] = {col: (to_float(m.group(1)), to_float(m.group(2)))
                           for col, cell in zip(header[1:], cells[1:]) if (m := MEAN_STD.match(cell))}
     return rows
+
+
+# A Part B "dominant after" cell (protocols.mixture_report._dominant_cell): one or more `name (k/n seeds)` parts, comma
+# separated ("no tag" counts the seeds whose completions mostly carry no persona tag), then optionally `; shares: name`
+# when the share columns follow a persona other than the first listed.
+DOMINANT_PART = re.compile(r"^(.+?) \((\d+)/(\d+) seeds\)$")
+
+
+class Dominant(NamedTuple):
+    parts: tuple  # ((persona, k, n), ...) in the cell's order
+    shares: Optional[str]  # the persona the share columns follow, when the cell names it
+
+
+def parse_dominant_cell(cell: str) -> Dominant:
+    """'Alice (3/3 seeds)' -> Dominant((("Alice", 3, 3),), None); '2026 (1/3 seeds), no tag (2/3 seeds); shares: 2024'
+    -> Dominant((("2026", 1, 3), ("no tag", 2, 3)), "2024"). Anything else raises: a cell the test cannot read is not
+    silently skipped."""
+    text, _, shares = cell.replace("**", "").strip().partition("; shares: ")
+    parts = []
+    for part in text.split(", "):
+        m = DOMINANT_PART.match(part.strip())
+        if m is None:
+            raise AssertionError(f"not a 'dominant after' cell: {cell!r}")
+        parts.append((m.group(1), int(m.group(2)), int(m.group(3))))
+    return Dominant(tuple(parts), shares.strip() or None)
+
+
+def parse_dominant(markdown: str, column: str = "dominant after") -> dict[str, Dominant]:
+    """{row label: Dominant} from a Part B before/after table's `dominant after` column."""
+    lines = [l.strip() for l in markdown.splitlines() if l.strip().startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    if column not in header:
+        raise AssertionError(f"no {column!r} column in {header}")
+    at = header.index(column)
+    return {cells[0]: parse_dominant_cell(cells[at])
+            for cells in ([c.strip() for c in l.strip("|").split("|")] for l in lines[2:])}

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.doc_tables import ROOT, documented_table, parse_mean_std_table
+from tests.doc_tables import ROOT, documented_table, parse_dominant, parse_mean_std_table
 
 SEEDS = (0, 1, 2)
 _runs: dict[tuple[str, str], dict] = {}
@@ -43,15 +43,25 @@ def allowed(mean_std: tuple[float, float]) -> float:
 
 def table_problems(experiment: str, stage: str, root) -> list[str]:
     """Every cell of the documented before/after table `mixture-<experiment>-<stage>` (docs/policy_mixtures.md) that
-    the regenerated run misses by more than `allowed`."""
+    the regenerated run misses by more than `allowed`, and every "dominant after" cell that differs at all."""
     from protocols.mixture_report import summary_markdown
 
-    documented = parse_mean_std_table(documented_table("policy_mixtures.md", f"mixture-{experiment}-{stage}"))
-    measured = parse_mean_std_table(summary_markdown(results(experiment, root)["stages"][stage]["summary"]))
+    table = documented_table("policy_mixtures.md", f"mixture-{experiment}-{stage}")
+    ran = summary_markdown(results(experiment, root)["stages"][stage]["summary"])
+    return cell_problems(table, ran)
+
+
+def cell_problems(documented_md: str, measured_md: str) -> list[str]:
+    """`table_problems` on two Markdown tables: mean ± std cells within `allowed`, "dominant after" exactly (the
+    per-seed outcome: who dominates and in how many seeds, the untagged seeds and the share columns' persona)."""
+    documented, measured = parse_mean_std_table(documented_md), parse_mean_std_table(measured_md)
     assert set(documented) == set(measured)
-    return [f"{row} / {col}: documented {doc[0]} ± {doc[1]}, measured {measured[row].get(col)}"
-            for row, cols in documented.items() for col, doc in cols.items()
-            if col not in measured[row] or abs(measured[row][col][0] - doc[0]) > allowed(doc)]
+    problems = [f"{row} / {col}: documented {doc[0]} ± {doc[1]}, measured {measured[row].get(col)}"
+                for row, cols in documented.items() for col, doc in cols.items()
+                if col not in measured[row] or abs(measured[row][col][0] - doc[0]) > allowed(doc)]
+    doc_dom, run_dom = parse_dominant(documented_md), parse_dominant(measured_md)
+    return problems + [f"{row} / dominant after: documented {doc}, measured {run_dom.get(row)}"
+                       for row, doc in doc_dom.items() if run_dom.get(row) != doc]
 
 
 def summary(experiment: str, stage: str, root) -> dict:

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from tests.doc_tables import (ROOT, documented_columns, documented_table, first_table, parse_mean_std_table,
-                               parse_table, table_after, table_differences)
+from tests.doc_tables import (ROOT, Dominant, documented_columns, documented_table, first_table, parse_dominant,
+                               parse_dominant_cell, parse_mean_std_table, parse_table, table_after, table_differences)
 
 TABLE = """| method | ID acc | WRG | PGR |
 |---|---|---|---|
@@ -77,6 +77,67 @@ def test_parse_mean_std_table_reads_the_multi_seed_cells():
     rows = parse_mean_std_table("| distribution | acc after | dominant after | share |\n|---|---|---|---|\n"
                                 "| B | 0.66 ± 0.34 (0.26, 0.85, 0.87) | Alice (3/3 seeds) | −0.10 ± 0.02 (1 seed) |\n")
     assert rows == {"B": {"acc after": (0.66, 0.34), "share": (-0.10, 0.02)}}
+
+
+def test_a_number_keeps_its_exponent():
+    """The drift cells print 8.02e-05: read as 8.02 (the mantissa), a 100x change would pass a 10 % tolerance."""
+    table = ("| method | drift mse | drift cka | big |\n|---|---|---|---|\n"
+             "| anchor | 8.02e-05 ± 5.8e-06 | 1 ± 4.5e-05 | 1.2e+03 |\n| naive | −3E-2 | 0.5 | 12 |\n")
+    assert parse_table(table) == {"anchor": {"drift mse": 8.02e-05, "drift cka": 1.0, "big": 1200.0},
+                                  "naive": {"drift mse": -0.03, "drift cka": 0.5, "big": 12.0}}
+    assert parse_mean_std_table(table) == {"anchor": {"drift mse": (8.02e-05, 5.8e-06), "drift cka": (1.0, 4.5e-05)},
+                                           "naive": {}}
+    moved = {"anchor": {"drift mse": 8.02e-03}}
+    assert table_differences({"anchor": {"drift mse": 8.02e-05}}, moved, lambda c, v: 0.1 * abs(v)) == [
+        "anchor / drift mse: documented 8.02e-05, measured 0.00802"]
+
+
+# every form of the "dominant after" cell that docs/policy_mixtures.md prints
+DOMINANT_FORMS = {
+    "Alice (3/3 seeds)": Dominant((("Alice", 3, 3),), None),
+    "2026 (2/3 seeds)": Dominant((("2026", 2, 3),), None),
+    "Bob (1/3 seeds), no tag (2/3 seeds)": Dominant((("Bob", 1, 3), ("no tag", 2, 3)), None),
+    "2026 (1/3 seeds), no tag (2/3 seeds); shares: 2024": Dominant((("2026", 1, 3), ("no tag", 2, 3)), "2024"),
+    "no tag (3/3 seeds); shares: Alice": Dominant((("no tag", 3, 3),), "Alice"),
+}
+
+
+@pytest.mark.parametrize("cell", list(DOMINANT_FORMS))
+def test_each_dominant_after_form_parses(cell):
+    assert parse_dominant_cell(cell) == DOMINANT_FORMS[cell]
+
+
+def test_a_dominant_cell_that_is_not_one_raises():
+    for cell in ("Alice", "Alice (3 seeds)", "0.66 ± 0.34", ""):
+        with pytest.raises(AssertionError, match="not a 'dominant after' cell"):
+            parse_dominant_cell(cell)
+
+
+def test_parse_dominant_reads_what_the_report_writes():
+    """The cells of protocols.mixture_report's own table, from a literal summary: seed 1 of B has no tag, so B's cell
+    counts it apart and names the share persona (Bob, the modal winner over all seeds) after the tagged one."""
+    from protocols.mixture_report import _dominant_cell
+
+    summary = {"seeds": [0, 1, 2], "winner": {"A": "Alice", "B": "Bob"},
+               "winners": {"A": {0: "Alice", 1: "Alice", 2: "Bob"}, "B": {0: "Alice", 1: "Bob", 2: "Bob"}},
+               "untagged": {"A": {0: False, 1: False, 2: False}, "B": {0: False, 1: True, 2: True}}}
+    table = "| distribution | acc after | dominant after |\n|---|---|---|\n" + "".join(
+        f"| {d} | 0.5 ± 0.1 (0.4, 0.5, 0.6) | {_dominant_cell(summary, d)} |\n" for d in ("A", "B"))
+    assert parse_dominant(table) == {"A": Dominant((("Alice", 2, 3),), None),
+                                     "B": Dominant((("Alice", 1, 3), ("no tag", 2, 3)), "Bob")}
+
+
+def test_part_b_cell_problems_compare_the_dominant_cell_exactly():
+    from tests.mixture_results import cell_problems
+
+    doc = ("| distribution | acc after | dominant after |\n|---|---|---|\n"
+           "| A | 0.90 ± 0.01 (0.89, 0.90, 0.91) | Alice (3/3 seeds) |\n")
+    assert cell_problems(doc, doc) == []
+    run = doc.replace("Alice (3/3 seeds)", "Alice (2/3 seeds)")  # one seed fewer: the acc cell still matches
+    assert cell_problems(doc, run) == ["A / dominant after: documented Dominant(parts=(('Alice', 3, 3),), shares=None), "
+                                       "measured Dominant(parts=(('Alice', 2, 3),), shares=None)"]
+    run = doc.replace("Alice (3/3 seeds)", "Bob (3/3 seeds)")
+    assert len(cell_problems(doc, run)) == 1
 
 
 MARKED = [(os.path.basename(p), name) for p in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
