@@ -65,7 +65,8 @@ def test_smollm2_student_table(tmp_path):
     """Issue 37's Part A on a real pretrained student (docs/results.md `w2s-smollm2`: SmolLM2-135M-Instruct over the
     MiniLM teacher, 3 seeds, id_val selection) — about 2.5 h on one quiet core, plus the one-time conversion of the
     packaged GGUF (docs/models.md). The test splits are a seeded 100 pairs each, so 1 point is one pair."""
-    run_and_compare("configs/experiment/w2s_smollm2.yaml", "w2s-smollm2", tmp_path / "w2s_smollm2")
+    run_and_compare("configs/experiment/w2s_smollm2.yaml", "w2s-smollm2", tmp_path / "w2s_smollm2",
+                    later={"w2s-smollm2-weak-val": "Selection `weak_val`"})
 
 
 def test_smollm2_student_advice_table(tmp_path):
