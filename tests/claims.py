@@ -176,9 +176,11 @@ def fmt(value: float, decimals: int) -> str:
 
 
 def _same(value, stated, decimals: int) -> bool:
-    if isinstance(stated, str) or isinstance(value, str):
+    """Equal as printed: numbers at `decimals`, names (personas) as written; a pick read back as 1000.0 is 1000."""
+    try:
+        return fmt(float(value), decimals) == fmt(float(stated), decimals)
+    except (TypeError, ValueError):
         return str(value) == str(stated)
-    return fmt(float(value), decimals) == fmt(float(stated), decimals)
 
 
 def _seeds_rule(text: str) -> tuple[Optional[int], Optional[int], bool, str, Any]:
