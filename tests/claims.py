@@ -95,17 +95,26 @@ def claims_files(page: str) -> list[str]:
                   if f == f"{page}.yaml" or f.startswith(f"{page}.") and f.endswith(".yaml"))
 
 
-def load_claims(page: str) -> list[Claim]:
-    """Every claim of a page, its files' `sets:` headers merged (a set declared twice must say the same)."""
-    sets, specs = {}, []
+def sets_of(page: str) -> dict[str, dict]:
+    """A page's `sets:` headers, merged (a set declared twice must say the same)."""
+    sets = {}
     for path in claims_files(page):
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
-        rel = os.path.relpath(path, ROOT)
         for name, header in (data.get("sets") or {}).items():
             if sets.setdefault(name, header) != header:
-                raise ClaimsFileError(f"{rel}: set {name!r} is declared differently in another claims file of {page}")
-        specs += [(rel, i, spec) for i, spec in enumerate(data.get("claims") or [])]
+                raise ClaimsFileError(f"{os.path.relpath(path, ROOT)}: set {name!r} is declared differently in "
+                                      f"another claims file of {page}")
+    return sets
+
+
+def load_claims(page: str) -> list[Claim]:
+    """Every claim of a page, its files' `sets:` headers merged (a set declared twice must say the same)."""
+    sets, specs = sets_of(page), []
+    for path in claims_files(page):
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        specs += [(os.path.relpath(path, ROOT), i, spec) for i, spec in enumerate(data.get("claims") or [])]
     claims, seen = [], set()
     for rel, i, spec in specs:
         where = f"{rel}: claim {i + 1} ({spec.get('id', 'no id')})"
@@ -168,6 +177,23 @@ def claim_values(claim: Claim, load: Callable[[str], dict]) -> list:
     for q in claim.quantities:
         out += set_values(q["set"], claim.sets[q["set"]], load(q["set"]), q)
     return out
+
+
+# ---- a run's numbers, all of them ----------------------------------------------------------------------------------
+# results.json's parts that hold what a run measured (not how long it took, where, or its prose): the tables, paired
+# differences, selections and budgets (Part A); each stage's summary (Part B)
+NUMBER_PARTS = ("rows", "weak_val_rows", "oracle_rows", "paired_by_reference", "weak_val_paired_by_reference",
+                "selection", "budget", "same_step", "multi_teacher", "teacher_labels", "summary")
+
+
+def numbers_digest(results: dict) -> str:
+    """A digest of every number a run measured (full precision): equal digests are the same run to the last bit.
+    Part A's results.json, or one Part B stage (`results[stages][stage]`)."""
+    import hashlib
+    import json
+
+    parts = {k: results[k] for k in NUMBER_PARTS if k in results}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 # ---- checking -----------------------------------------------------------------------------------------------------
@@ -437,6 +463,22 @@ def render_pages() -> list[str]:
     return changed
 
 
-if __name__ == "__main__":  # python -m tests.claims: render the claim spans of every page
-    for rel in render_pages():
-        print(f"rendered {rel}")
+def record_line(results_json: str, stage: Optional[str] = None) -> str:
+    """The `machine` and `numbers` of a set header for a run made here (paste into docs/claims/*.yaml when publishing
+    its table): the fingerprint id and the digest of every number it measured."""
+    import json
+
+    with open(results_json, encoding="utf-8") as f:
+        run = json.load(f)
+    measured = run["stages"][stage] if stage else run
+    return f"machine: {(run.get('machine') or {}).get('id')}, numbers: {numbers_digest(measured)}"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["record"]:  # python -m tests.claims record RESULTS_JSON [PART_B_STAGE]
+        print(record_line(*sys.argv[2:4]))
+    else:  # python -m tests.claims: render the claim spans of every page
+        for rel in render_pages():
+            print(f"rendered {rel}")
