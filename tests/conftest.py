@@ -19,6 +19,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)  # two cores are shared by everything; more threads only add contention here
 
+pytest_plugins = ["tests.slow_record"]  # every slow test that runs appends a row to docs/slow_runs.md
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 HUB_FIXTURES = os.path.join(FIXTURES, "hub")
 
