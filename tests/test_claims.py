@@ -7,7 +7,7 @@ import pytest
 
 from tests.claims import (
     PAGES, ROOT, SPAN, Claim, ClaimsFileError, all_claims, check, claims_files, documented_problems, falsify,
-    load_claims, problems, render, rendered_page, set_values,
+    load_claims, problems, render, rendered_page, set_values, sets_of,
 )
 
 CLAIMS = all_claims()
@@ -133,6 +133,20 @@ def test_pages_say_what_their_claims_render(page):
     assert rendered_page(page, text, claims) == text, "run `python -m tests.claims` to render the claim spans"
     spans = [m["id"] for m in SPAN.finditer(text)]
     assert sorted(spans) == sorted(c.id for c in claims), "every claim has exactly one span in its page"
+
+
+@pytest.mark.parametrize("page", ["results", "policy_mixtures"])
+def test_every_marked_table_is_a_declared_set(page):
+    """A marked table's header records the machine that made it: without one, its rerun could never be exact."""
+    marked = re.findall(r"<!-- table: (\S+) -->", open(f"{ROOT}/{PAGES[page]}", encoding="utf-8").read())
+    assert [name for name in marked if name not in sets_of(page)] == []
+
+
+def test_a_set_declared_on_several_pages_is_declared_the_same():
+    seen = {}
+    for page in PAGES:
+        for name, header in sets_of(page).items():
+            assert seen.setdefault(name, header) == header, (name, page)
 
 
 INTERVAL = re.compile(r"\[[+−-]?\d+(?:\.\d+)?, [+−-]?\d+(?:\.\d+)?\]")
