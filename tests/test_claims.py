@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from tests.doc_tables import NUMBER, documented_table
 from tests.claims import (
     PAGES, ROOT, SPAN, Claim, ClaimsFileError, all_claims, check, claims_files, documented_problems, falsify,
     load_claims, problems, render, rendered_page, set_values, sets_of,
@@ -147,6 +148,53 @@ def test_a_set_declared_on_several_pages_is_declared_the_same():
     for page in PAGES:
         for name, header in sets_of(page).items():
             assert seen.setdefault(name, header) == header, (name, page)
+
+
+PART_A_HEADERS = {"wrg": "WRG", "nts": "NTS", "pgr": "PGR", "aog_mean": "mean AOG", "acc/ood_mean": "mean OOD acc"}
+
+
+def _documented_cell(claim: Claim, q: dict):
+    """The marked table's printed cell a quantity reads (None where the quantity is not a table cell: a history
+    step, a pick, a winner, a difference), as the page prints it."""
+    if any(k in q for k in ("minus", "pick", "winner", "step")):
+        return None
+    page = "policy_mixtures.md" if q["set"].startswith("mixture-") else "results.md"
+    try:
+        markdown = documented_table(page, q["set"])
+    except AssertionError:
+        markdown = documented_table("results.md" if page == "policy_mixtures.md" else "policy_mixtures.md", q["set"])
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    if q["set"].startswith("mixture-"):
+        if header[0] != "distribution":  # an SFT stage's per-seed table: no distribution rows to read
+            return None
+        row, column = q["dist"], q["column"].replace("share_", "its share ").replace("_", " ")
+    else:
+        key = q.get("key", "nts")
+        row = q["row"]
+        column = PART_A_HEADERS.get(key) or ("AOG " + key[4:] if key.startswith("aog/") else None)
+        if column is None and key.startswith("acc/"):
+            column = "ID acc" if "ID acc" in header and f"OOD acc {key[4:]}" not in header else f"OOD acc {key[4:]}"
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == row and column in header:
+            return cells[header.index(column)]
+    raise AssertionError(f"{claim.id}: the marked table {q['set']} has no row {row!r} with a column {column!r}")
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=IDS)
+def test_a_claim_reads_what_its_marked_table_prints(claim):
+    """A claim's quantity names a row and column its table has, and the numbers agree with the printed cell: the
+    mean (Part A, one decimal) or the per-seed values in parentheses (Part B). A wrong row or key shows here, not
+    only in an hour-long slow run."""
+    if len(claim.quantities) != 1 or (cell := _documented_cell(claim, claim.quantities[0])) is None:
+        return
+    numbers = [float(x.replace("−", "-")) for x in NUMBER.findall(cell.replace("**", ""))]
+    if claim.set_names[0].startswith("mixture-"):
+        if "per_seed" in claim.spec:
+            assert numbers[2:] == [float(v) for v in claim.spec["per_seed"]], (claim.id, cell)
+    elif "mean" in claim.spec:
+        assert f"{numbers[0]:.1f}" == f"{claim.spec['mean']:.1f}", (claim.id, cell)
 
 
 INTERVAL = re.compile(r"\[[+−-]?\d+(?:\.\d+)?, [+−-]?\d+(?:\.\d+)?\]")
