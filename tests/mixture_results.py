@@ -171,7 +171,7 @@ def module_claims(experiments: tuple[str, ...]) -> list[Claim]:
             if all(s.startswith("mixture-") and split_set(s)[0] in experiments for s in c.set_names)]
 
 
-def claims_report(experiments: tuple[str, ...], root) -> dict:
+def claims_report(experiments: tuple[str, ...], root, claims: Optional[list[Claim]] = None) -> dict:
     """`tests.claims.check` of `module_claims` against the reruns: {claim id: (mode, problems)}. A set these
     experiments do not make raises KeyError (skipped by `check`)."""
     def load(name: str) -> dict:
@@ -180,7 +180,8 @@ def claims_report(experiments: tuple[str, ...], root) -> dict:
             raise KeyError(name)
         return stage_summary(experiment, stage, root)
 
-    return check(module_claims(experiments), load, lambda name: machine_id(results(split_set(name)[0], root)))
+    return check(module_claims(experiments) if claims is None else claims, load,
+                 lambda name: machine_id(results(split_set(name)[0], root)))
 
 
 # ---- readings the claims cannot express (means over seeds, each seed's own history) -----------------------------------
