@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from protocols import mixture, mixture_stages
-from protocols.engine import local
+from protocols.engine import local, status as engine_status
 from protocols.published_set import set_state
 from protocols.stage_identity import ForceSpec
 from protocols.w2s import main as run_protocol
@@ -124,7 +124,7 @@ def test_a_mixture_report_is_withdrawn_when_another_experiment_reruns_a_stage_it
     assert record["stages"]["seed_0/sft"]["real"] == os.path.realpath(hooks.record(hooks.specs()[0]))
     assert set_state(two) == ("published", "") and os.path.islink(two + ".md")
     specs = hooks.specs()
-    rows = {r["stage"]: r["state"] for r in mixture.engine_status.stage_rows(specs, hooks)}
+    rows = {r["stage"]: r["state"] for r in engine_status.stage_rows(specs, hooks)}
     assert rows["collect"] == "done"
 
     # another experiment of the family reruns the SFT the first report read (another recipe, --force sft)
@@ -135,7 +135,7 @@ def test_a_mixture_report_is_withdrawn_when_another_experiment_reruns_a_stage_it
     assert "seed_0/sft" in note and "runs again" in note
     state, detail = set_state(two)
     assert state == "stale" and "seed_0/sft" in detail
-    rows = {r["stage"]: r["state"] for r in mixture.engine_status.stage_rows(specs, hooks)}
+    rows = {r["stage"]: r["state"] for r in engine_status.stage_rows(specs, hooks)}
     assert rows["collect"].startswith("stale (withdrawn on ") and "seed_0/sft" in rows["collect"]
 
     # a stage rerun behind its back (its record's run changed): the report's readers and --status call it stale
@@ -143,7 +143,7 @@ def test_a_mixture_report_is_withdrawn_when_another_experiment_reruns_a_stage_it
     assert set_state(two) == ("published", "") and not os.path.exists(two + ".stale")
     path = hooks.record(specs[1])
     json.dump(dict(json.load(open(path)), run="another-run"), open(path, "w"))
-    rows = {r["stage"]: r["state"] for r in mixture.engine_status.stage_rows(specs, hooks)}
+    rows = {r["stage"]: r["state"] for r in engine_status.stage_rows(specs, hooks)}
     assert rows["collect"] == "stale (seed_0/two_policies_rl_A ran again since the table was published)"
 
 

@@ -15,18 +15,14 @@ from typing import Optional
 from protocols.engine import slurm_jobs
 from protocols.engine.spec import Hooks, StageSpec, stage_folder
 from protocols.engine.slurm_options import SlurmOptions
-from protocols.run_files import OutDirLock
 from protocols.stage_identity import ForceSpec, refusal
 
 
-def preflight(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: SlurmOptions) -> bool:
+def preflight(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: SlurmOptions) -> None:
     """Before the run's lock (which makes its folder) or anything else is written: when some stage must run, SLURM
-    answers and the time limits fit the partition. Returns whether some stage must run (a run finished on disk
-    needs no SLURM)."""
-    to_run = _must_run(specs, hooks, force)
-    if to_run:
+    answers and the time limits fit the partition (a run finished on disk needs no SLURM)."""
+    if _must_run(specs, hooks, force):
         slurm_jobs.check_cluster(opts)
-    return to_run
 
 
 def _must_run(specs: list[StageSpec], hooks: Hooks, force: ForceSpec) -> bool:
@@ -50,18 +46,20 @@ def submit(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: SlurmOp
 
 def recorded_states(specs: list[StageSpec], hooks: Hooks) -> slurm_jobs.JobStates:
     """The states of every recorded job of these stages and of the collecting job: one bounded `squeue`."""
-    paths = [_job_path(hooks, key) for key in [*(s.key for s in specs), slurm_jobs.COLLECT]]
+    paths = [_job_path(hooks.root, key) for key in [*(s.key for s in specs), slurm_jobs.COLLECT]]
     jobs = [slurm_jobs.read_job(p) for p in paths]
     return slurm_jobs.query_states([j["job_id"] for j in jobs if j])
 
 
-def collect_job(hooks: Hooks) -> Optional[str]:
-    job = slurm_jobs.read_job(_job_path(hooks, slurm_jobs.COLLECT))
-    return job["job_id"] if job else None
+def collecting_job(root: str) -> Optional[dict]:
+    """The record of the collecting job of `root` when this process is that job (`SLURM_JOB_ID`), else None: the
+    table it writes then names the command that submitted it (recorded with the job), not its own `--collect`."""
+    job = slurm_jobs.read_job(_job_path(root, slurm_jobs.COLLECT)) or {}
+    return job if job.get("command") and os.environ.get("SLURM_JOB_ID") == str(job["job_id"]) else None
 
 
-def _job_path(hooks: Hooks, key: str) -> str:
-    return os.path.join(stage_folder(hooks.root, key), "job.json")
+def _job_path(root: str, key: str) -> str:
+    return os.path.join(stage_folder(root, key), "job.json")
 
 
 def _plan(specs: list[StageSpec], hooks: Hooks, force: ForceSpec,
@@ -74,7 +72,7 @@ def _plan(specs: list[StageSpec], hooks: Hooks, force: ForceSpec,
     finished: dict[str, dict] = {}
     stale = []
     for spec in specs:
-        job = slurm_jobs.read_job(_job_path(hooks, spec.key))
+        job = slurm_jobs.read_job(_job_path(hooks.root, spec.key))
         if job and states.of(job["job_id"]) in slurm_jobs.IN_FLIGHT:
             plan[spec.key] = ("in_flight", job["job_id"])
             continue
@@ -122,9 +120,5 @@ def _submit_all(sub: slurm_jobs.Submission, specs: list[StageSpec], hooks: Hooks
 
 def wait(jobs: dict[str, str], hooks: Hooks) -> None:
     """Until the stage jobs and the collecting job are no longer queued or running (`--wait`)."""
-    slurm_jobs.wait_for(sorted(set(jobs.values())) + [j for j in [collect_job(hooks)] if j])
-
-
-def locked(hooks: Hooks):
-    """The run's lock on its root (one run per out_dir / family folder)."""
-    return OutDirLock(hooks.root)
+    collect = slurm_jobs.read_job(_job_path(hooks.root, slurm_jobs.COLLECT))
+    slurm_jobs.wait_for(sorted(set(jobs.values())) + ([collect["job_id"]] if collect else []))

@@ -2,7 +2,10 @@
 limits as it reads them."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -115,24 +118,24 @@ def minutes(limit: str) -> Optional[float]:
 
 
 def add_slurm_arguments(parser) -> None:
-    """`--slurm.<field>` for every field of `SlurmOptions`, on an argparse parser (the mixture protocol's; the W2S
-    protocol's jsonargparse parser takes the dataclass itself)."""
-    import dataclasses
-    import typing
-
+    """`--slurm.<field>` for every field of `SlurmOptions`, on a protocol's parser (argparse or jsonargparse alike).
+    A list field takes a JSON list (`--slurm.extra='["--hold"]'`) or one item (given again: argparse adds the
+    items, jsonargparse keeps the last)."""
     hints = typing.get_type_hints(SlurmOptions)
     for f in dataclasses.fields(SlurmOptions):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kind = hints[f.name]
-        if kind == list[str]:
-            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", action="append", default=default,
-                                help="repeatable")
+        if hints[f.name] == list[str]:
+            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm.{f.name}", action="append", default=[],
+                                help="a JSON list or one item")
         else:
-            conv = int if kind in (int, Optional[int]) else str
-            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm_{f.name}", type=conv, default=default)
+            kind = {int: int, Optional[int]: lambda v: None if v in (None, "null", "None") else int(v)}
+            parser.add_argument(f"--slurm.{f.name}", dest=f"slurm.{f.name}", type=kind.get(hints[f.name], str),
+                                default=f.default)
 
 
-def options_from_args(args) -> SlurmOptions:
-    import dataclasses
-
-    return SlurmOptions(**{f.name: getattr(args, f"slurm_{f.name}") for f in dataclasses.fields(SlurmOptions)})
+def options_from_args(options: dict) -> SlurmOptions:
+    """The `SlurmOptions` of a parsed command line (its `slurm.<field>` entries, taken out of `options`)."""
+    values = {f.name: options.pop(f"slurm.{f.name}") for f in dataclasses.fields(SlurmOptions)}
+    for name, value in values.items():
+        if isinstance(value, list):  # each item as given: a JSON list of items, or one item
+            values[name] = [x for item in value for x in (json.loads(item) if item.startswith("[") else [item])]
+    return SlurmOptions(**values)

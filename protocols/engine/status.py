@@ -2,10 +2,12 @@
 the stage locks a local run holds, and one bounded question to SLURM for every recorded job."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
-from protocols.engine.slurm_jobs import COLLECT, IN_FLIGHT, UNREACHABLE, JobStates, read_job
+from protocols.engine.slurm_jobs import COLLECT, IN_FLIGHT, UNREACHABLE, JobStates, query_states, read_job
+from protocols.engine.spec import stage_folder
 
 # ---- --status ---------------------------------------------------------------------------------------------------
 def state_of(job: Optional[dict], finished: bool, states: JobStates) -> str:
@@ -55,17 +57,12 @@ def _mtime(path: str) -> Optional[float]:
         return None
 
 
-def status_table(rows: list[dict]) -> str:
-    """Markdown table of stages: name, state, job id, log."""
-    lines = ["| stage | state | job | log |", "|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['stage']} | {r['state']} | {r.get('job_id') or ''} | {r.get('log') or ''} |")
-    return "\n".join(lines)
-
-
 def print_status(rows: list[dict]) -> None:
-    """The status table, a count per state, and a line saying so when SLURM could not be reached."""
-    print(status_table(rows))
+    """The status table (stage, state, job id, log), a count per state, and a line saying so when SLURM could not
+    be reached."""
+    print("| stage | state | job | log |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['stage']} | {r['state']} | {r.get('job_id') or ''} | {r.get('log') or ''} |")
     counts: dict[str, int] = {}
     for r in rows:
         state = r["state"].split(" (")[0]
@@ -83,9 +80,6 @@ def stage_rows(specs, hooks, changed=None) -> list[dict]:
     running (a job, or a local run holding the stage's lock), queued, failed, not started. `changed(spec, result)`:
     what a rerun would refuse of a finished stage, shown as "changed (...)" instead of done. The table's row is
     "stale" when the published set no longer stands for its stages (`hooks.table_state`)."""
-    from protocols.engine.slurm_jobs import query_states
-    from protocols.engine.spec import stage_folder
-
     jobs = {s.key: read_job(os.path.join(stage_folder(hooks.root, s.key), "job.json")) for s in specs}
     collect_job = os.path.join(stage_folder(hooks.root, COLLECT), "job.json")
     ids = [j["job_id"] for j in [*jobs.values(), read_job(collect_job)] if j]
@@ -143,8 +137,6 @@ def lock_holder(folder: str) -> Optional[dict]:
     """The holder ({"pid", "host"}) of the lock in `folder` when a process holds it, else None. Read from the
     kernel's table of locks (/proc/locks), not by trying the lock: a `--status` must never make a starting stage
     find its lock taken."""
-    import json
-
     path = os.path.join(folder, ".lock")
     try:
         inode = os.stat(path).st_ino
