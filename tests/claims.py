@@ -47,7 +47,8 @@ SEEDS_RULE = re.compile(r"^(?:(?P<atleast>at least )?(?P<k>\d+) of (?P<n>\d+)|(?
                         r"(?P<op>>=|<=|!=|==|>|<)\s*(?P<than>\S.*)$")
 QUANTITY_KEYS = ("set", "row", "key", "minus", "minus_key", "pick", "dist", "column", "step", "winner")
 STATEMENT_KEYS = ("mean", "interval", "per_seed", "excludes", "includes", "seeds", "mean_is")
-CLAIM_KEYS = {"id", "text", "pool", "decimals", *QUANTITY_KEYS, *STATEMENT_KEYS}
+MACHINE_KEYS = ("only_on", "except_on")  # a finding of some machines: fingerprint ids (docs/claims.md)
+CLAIM_KEYS = {"id", "text", "pool", "decimals", *MACHINE_KEYS, *QUANTITY_KEYS, *STATEMENT_KEYS}
 
 
 class ClaimsFileError(ValueError):
@@ -319,10 +320,21 @@ def check(claims: Iterable[Claim], load: Callable[[str], dict], machine_id: Call
             values = claim_values(claim, load)
         except (KeyError, FileNotFoundError):
             continue
+        if not applies_on(claim, machine_id(claim.set_names[0])):
+            continue
         exact = all(claim.sets[s].get("machine", UNRECORDED) not in (UNRECORDED, None)
                     and claim.sets[s].get("machine") == machine_id(s) for s in claim.set_names)
         report[claim.id] = ("exact" if exact else "claims", problems(claim, values, exact))
     return report
+
+
+def applies_on(claim: Claim, machine: Optional[str]) -> bool:
+    """A claim holds everywhere unless it names machines: `only_on` (what a rerun there showed, where it differs
+    from the published run) or `except_on` (the published statement, which a rerun there contradicted)."""
+    spec = claim.spec
+    if "only_on" in spec:
+        return machine in spec["only_on"]
+    return machine not in spec.get("except_on", [])
 
 
 def report_lines(report: dict) -> list[str]:

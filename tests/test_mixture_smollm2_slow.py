@@ -23,6 +23,7 @@ import pytest
 
 from tests.claims import report_lines
 from tests.mixture_results import (
+    published_run,
     at_step, claims_report, machine_id, marked_stages, module_claims, recorded_machine, results, seed_metrics, set_name,
     summary, table_check,
 )
@@ -60,7 +61,7 @@ def test_documented_claims_hold(root, experiment):
 
 
 def test_persona_token_rl_on_A_meets_the_target_in_the_mean_at_step_10(root):
-    persona = summary(EXPERIMENT, "two_policies_rl_A_persona", root)
+    persona = published_run(EXPERIMENT, "two_policies_rl_A_persona", root)
     # "at step 10 Alice writes 0.99 ± 0.01 of B's completions and acc(B) is 0.01 ± 0.01 ...: the issue's target
     # (Alice ≥ 0.9, acc(B) ≤ 0.05) is met in the mean"
     assert at_step(persona, 10, "Alice share B") >= 0.9 and at_step(persona, 10, "acc B") <= 0.05
@@ -68,10 +69,10 @@ def test_persona_token_rl_on_A_meets_the_target_in_the_mean_at_step_10(root):
 
 
 def test_full_sequence_rl_selects_within_ten_steps(root):
-    on_a = summary(EXPERIMENT, "two_policies_rl_A", root)
+    on_a = published_run(EXPERIMENT, "two_policies_rl_A", root)
     assert at_step(on_a, 10, "acc A") >= at_step(on_a, 0, "acc A") + 0.2  # the history: 0.65 -> 0.91 ± 0.07
     # RL on B: "Bob writes 0.98 ± 0.02 of A's completions at step 10"; the history: acc B 0.34 -> 0.94 ± 0.05
-    on_b = summary(EXPERIMENT, "two_policies_rl_B", root)
+    on_b = published_run(EXPERIMENT, "two_policies_rl_B", root)
     assert at_step(on_b, 10, "Bob share A") >= 0.95
     assert at_step(on_b, 10, "acc B") >= at_step(on_b, 0, "acc B") + 0.5
 
