@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from protocols.engine import children, local
-from protocols.engine.slurm_jobs import COLLECT, read_job
-from protocols.engine.spec import StageSpec, stage_folder
+from protocols.engine.cluster import collecting_job
+from protocols.engine.spec import StageSpec
 from protocols.published_set import stage_entry
 from protocols.stage_identity import digest, identity_changes
 
@@ -179,10 +179,8 @@ def collected_run(family_dir: str) -> Optional[tuple[str, float]]:
     """(the submitting command, seconds from that submission to now) when this process is the collecting job
     recorded for the family folder (SLURM_JOB_ID), else None: the report that job writes then says what was submitted
     and how long the run took from submission to table, as a local run's report does."""
-    job = read_job(os.path.join(stage_folder(family_dir, COLLECT), "job.json"))
-    if not job or os.environ.get("SLURM_JOB_ID") != str(job["job_id"]) or not job.get("command"):
-        return None
-    return job["command"], time.time() - job["submitted"]
+    job = collecting_job(family_dir)  # the engine's one "am I the collecting job" check
+    return None if job is None else (job["command"], time.time() - job["submitted"])
 
 
 def stage_args(stage: Stage, seed: int, extra: list[str], question_dirs: Optional[dict]) -> list[str]:
