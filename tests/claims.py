@@ -96,26 +96,48 @@ def claims_files(page: str) -> list[str]:
                   if f == f"{page}.yaml" or f.startswith(f"{page}.") and f.endswith(".yaml"))
 
 
-def sets_of(page: str) -> dict[str, dict]:
-    """A page's `sets:` headers, merged (a set declared twice must say the same)."""
-    sets = {}
+def _read_page(page: str) -> tuple[dict[str, dict], list[tuple[str, int, dict]]]:
+    """A page's claims files, each read once: the `sets:` headers merged (a set declared twice must say the same)
+    and every claim spec with its file and position."""
+    sets, specs = {}, []
     for path in claims_files(page):
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
+        rel = os.path.relpath(path, ROOT)
         for name, header in (data.get("sets") or {}).items():
             if sets.setdefault(name, header) != header:
-                raise ClaimsFileError(f"{os.path.relpath(path, ROOT)}: set {name!r} is declared differently in "
-                                      f"another claims file of {page}")
-    return sets
+                raise ClaimsFileError(f"{rel}: set {name!r} is declared differently in another claims file of {page}")
+        specs += [(rel, i, spec) for i, spec in enumerate(data.get("claims") or [])]
+    return sets, specs
+
+
+def sets_of(page: str) -> dict[str, dict]:
+    """A page's `sets:` headers, merged."""
+    return _read_page(page)[0]
+
+
+def set_header(name: str) -> dict:
+    """A set's header on whichever page declares it ({} where none does; tests/test_claims.py checks that a set
+    declared on several pages is declared the same)."""
+    for page in PAGES:
+        if name in (sets := sets_of(page)):
+            return sets[name]
+    return {}
+
+
+def run_machine(run: dict) -> Optional[str]:
+    """The fingerprint id a results.json records (None: made before fingerprints were recorded)."""
+    return (run.get("machine") or {}).get("id")
+
+
+def recorded_on(header: dict, machine: Optional[str]) -> bool:
+    """Whether a set's header records `machine` as the one that made it: where its rerun must be exact."""
+    return header.get("machine", UNRECORDED) not in (UNRECORDED, None) and header["machine"] == machine
 
 
 def load_claims(page: str) -> list[Claim]:
     """Every claim of a page, its files' `sets:` headers merged (a set declared twice must say the same)."""
-    sets, specs = sets_of(page), []
-    for path in claims_files(page):
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-        specs += [(os.path.relpath(path, ROOT), i, spec) for i, spec in enumerate(data.get("claims") or [])]
+    sets, specs = _read_page(page)
     claims, seen = [], set()
     for rel, i, spec in specs:
         where = f"{rel}: claim {i + 1} ({spec.get('id', 'no id')})"
@@ -223,8 +245,12 @@ def _seeds_rule(text: str) -> tuple[Optional[int], Optional[int], bool, str, Any
     return k, n, bool(m["atleast"]), m["op"], than
 
 
-def _numeric(values: list) -> list[float]:
-    return [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+def _mean_rule(text) -> tuple[str, float]:
+    """`mean_is: "> 0"` -> (">", 0.0)."""
+    m = re.match(r"^\s*(>=|<=|>|<)\s*(\S+)$", str(text))
+    if m is None:
+        raise ClaimsFileError(f"mean_is: {text!r} is not 'OP X' (OP one of > >= < <=)")
+    return m[1], float(m[2])
 
 
 def statistics_of(values: list) -> dict:
@@ -255,9 +281,9 @@ def problems(claim: Claim, values: list, exact: bool) -> list[tuple[str, str]]:
     if "includes" in spec and (interval is None or not interval[0] <= spec["includes"] <= interval[1]):
         out.append(("includes", f"interval {_show_interval(interval, d)} does not include {spec['includes']}"))
     if "mean_is" in spec:
-        op, than = re.match(r"^\s*(>=|<=|>|<)\s*(\S+)$", str(spec["mean_is"])).groups()
-        if not OPS[op](stats["mean"], float(than)):
-            out.append(("mean_is", f"mean {fmt(stats['mean'], d)} is not {op} {than}"))
+        op, than = _mean_rule(spec["mean_is"])
+        if not OPS[op](stats["mean"], than):
+            out.append(("mean_is", f"mean {fmt(stats['mean'], d)} is not {op} {than:g}"))
     if "seeds" in spec:
         k, n, at_least, op, than = _seeds_rule(spec["seeds"])
         n_seen = len(values)
@@ -322,8 +348,7 @@ def check(claims: Iterable[Claim], load: Callable[[str], dict], machine_id: Call
             continue
         if not applies_on(claim, machine_id(claim.set_names[0])):
             continue
-        exact = all(claim.sets[s].get("machine", UNRECORDED) not in (UNRECORDED, None)
-                    and claim.sets[s].get("machine") == machine_id(s) for s in claim.set_names)
+        exact = all(recorded_on(claim.sets[s], machine_id(s)) for s in claim.set_names)
         report[claim.id] = ("exact" if exact else "claims", problems(claim, values, exact))
     return report
 
@@ -367,8 +392,8 @@ def falsify(claim: Claim) -> dict[str, tuple[list, bool]]:
             x = spec["includes"]
             out["includes"] = (shift(x - interval[0] + unit), False)  # the whole interval one unit above x
         if "mean_is" in spec:
-            op, than = re.match(r"^\s*(>=|<=|>|<)\s*(\S+)$", str(spec["mean_is"])).groups()
-            target = float(than) - unit if op.startswith(">") else float(than) + unit
+            op, than = _mean_rule(spec["mean_is"])
+            target = than - unit if op.startswith(">") else than + unit
             out["mean_is"] = (shift(target - statistics_of(base)["mean"]), False)
     if "seeds" in spec:
         out["seeds"] = (_flip_one(base, spec["seeds"]), False)
@@ -483,7 +508,7 @@ def record_line(results_json: str, stage: Optional[str] = None) -> str:
     with open(results_json, encoding="utf-8") as f:
         run = json.load(f)
     measured = run["stages"][stage] if stage else run
-    return f"machine: {(run.get('machine') or {}).get('id')}, numbers: {numbers_digest(measured)}"
+    return f"machine: {run_machine(run)}, numbers: {numbers_digest(measured)}"
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from typing import Optional
 
-from tests.claims import PAGES, UNRECORDED, Claim, check, load_claims, numbers_digest, sets_of
+from tests.claims import PAGES, UNRECORDED, Claim, check, load_claims, numbers_digest, recorded_on, sets_of
+from tests.claims import run_machine as machine_id  # the name the Part B slow tests read
 from tests.doc_tables import ROOT, documented_table, parse_dominant
 
 SEEDS = (0, 1, 2)
@@ -70,11 +71,6 @@ def marked_stages(experiment: str) -> list[str]:
             if not s.sft or f"<!-- table: {set_name(experiment, s.name)} -->" in text]
 
 
-def machine_id(run: dict) -> Optional[str]:
-    """The fingerprint id of the machine a results.json was made on (None: recorded before fingerprints)."""
-    return (run.get("machine") or {}).get("id")
-
-
 def recorded_machine(experiment: str, stage: str) -> str:
     """The machine the claims header records for a marked table (unrecorded where no header declares it)."""
     return sets_of(PAGE).get(set_name(experiment, stage), {}).get("machine") or UNRECORDED
@@ -82,8 +78,7 @@ def recorded_machine(experiment: str, stage: str) -> str:
 
 def made_here(experiment: str, stage: str, run: dict) -> bool:
     """Whether `run` was made on the machine that made the marked table: then its cells must come back exactly."""
-    recorded = recorded_machine(experiment, stage)
-    return recorded != UNRECORDED and recorded == machine_id(run)
+    return recorded_on(sets_of(PAGE).get(set_name(experiment, stage), {}), machine_id(run))
 
 
 def published_run(experiment: str, stage: str, root) -> dict:

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-from tests.claims import PAGES, check, load_claims, numbers_digest, report_lines, sets_of
+from tests.claims import (
+    PAGES, check, load_claims, numbers_digest, recorded_on, report_lines, run_machine, set_header,
+)
 from tests.doc_tables import (
     ROOT, documented_columns, documented_table, first_table, parse_table, table_after, table_differences,
 )
@@ -23,16 +25,6 @@ from tests.doc_tables import (
 # setup.cfg's 900 s per-test timeout guards the fast suite; these runs take 5 min to 6 h on one quiet core (the two
 # longest, issue 36's budget-matched tables, carry their own limit)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600)]
-
-
-def set_header(name: str) -> dict:
-    """The claims-file header of a marked table (docs/claims/*.yaml `sets:`): where its numbers are and the machine
-    that made it."""
-    for page in PAGES:
-        for claim_set, header in sets_of(page).items():
-            if claim_set == name:
-                return header
-    return {}  # no claim reads it yet (tests/test_claims.py asks every marked table to be declared)
 
 
 def run_and_compare(config: str, table: str, out, results: str = "results.md", later: dict | None = None) -> None:
@@ -43,18 +35,18 @@ def run_and_compare(config: str, table: str, out, results: str = "results.md", l
     report = open(os.path.join(out, results), encoding="utf-8").read()
     with open(os.path.join(out, results[:-len(".md")] + ".json"), encoding="utf-8") as f:
         run = json.load(f)
-    here = (run.get("machine") or {}).get("id")
+    here = run_machine(run)
     pairs = [(table, first_table(report))] + [(name, table_after(report, heading)) for name, heading in (later or {}).items()]
     for name, markdown in pairs:
         measured, documented = parse_table(markdown), parse_table(documented_table("results.md", name))
         assert set(documented) == set(measured), (name, sorted(documented), sorted(measured))
-        made_on = set_header(name).get("machine")
-        if made_on == here:  # the machine that made it: the same run to the last bit
+        header = set_header(name)
+        if recorded_on(header, here):  # the machine that made it: the same run to the last bit
             assert table_differences(documented, documented_columns(measured, documented), 0.0) == [], name
-            if "numbers" in set_header(name):
-                assert numbers_digest(run) == set_header(name)["numbers"], f"{name}: a number differs from the run published"
+            if "numbers" in header:
+                assert numbers_digest(run) == header["numbers"], f"{name}: a number differs from the run published"
         else:
-            print(f"{name}: made on machine {made_on}, this is {here}: cells not compared, claims only")
+            print(f"{name}: made on machine {header.get('machine')}, this is {here}: cells not compared, claims only")
     names = {table, *(later or {})}
     claims = [c for page in PAGES for c in load_claims(page) if set(c.set_names) <= names]
     outcome = check(claims, lambda name: run if name in names else {}[name], lambda name: here)
