@@ -514,8 +514,11 @@ def record_line(results_json: str, stage: Optional[str] = None) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["record"]:  # python -m tests.claims record RESULTS_JSON [PART_B_STAGE]
-        print(record_line(*sys.argv[2:4]))
-    else:  # python -m tests.claims: render the claim spans of every page
-        for rel in render_pages():
-            print(f"rendered {rel}")
+    try:
+        if sys.argv[1:2] == ["record"]:  # python -m tests.claims record RESULTS_JSON [PART_B_STAGE]
+            print(record_line(*sys.argv[2:4]))
+        else:  # python -m tests.claims: render the claim spans of every page
+            for rel in render_pages():
+                print(f"rendered {rel}")
+    except (ClaimsFileError, OSError, KeyError, TypeError) as err:  # a bad file or argument: one line, no page written
+        sys.exit(f"error: python -m tests.claims {' '.join(sys.argv[1:])}: {type(err).__name__}: {err}")
