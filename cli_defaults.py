@@ -6,7 +6,7 @@
   config that names its data class (every shipped one, every protocol stage) is parsed as before.
 - Two run options that are no part of a run's configuration (they change where it writes and what it prints, not
   what it computes): `--name` and `--verbose`. They are taken out of the parsed config at once, so they reach
-  neither the run's `config.yaml` nor a protocol stage's identity (`protocols.stage_identity`).
+  neither the run's `config.yaml` nor a protocol stage's identity (`protocols.engine.stage_identity`).
 - Where a run writes: `--trainer.default_root_dir` moves the logger's folder with it (the default logger's
   `save_dir: runs` would otherwise win silently), `--name` names it, and `test` / `validate` of a checkpoint write
   beside that checkpoint (`.../version_0/test/<checkpoint>/`), not into a new version of the fits' folder.

@@ -20,7 +20,7 @@ from benchmarks.common import machine_info, markdown_table
 
 def stage_seconds(out_dir: str, protocol: dict) -> dict[str, list[tuple[str, int, float, float]]]:
     """method -> [(stage, seed, fit seconds, evaluation seconds)] from every stage's result.json."""
-    from protocols.w2s import Method
+    from protocols.w2s.protocol import Method
 
     out: dict[str, list[tuple[str, int, float, float]]] = {}
     for m in protocol["methods"]:

@@ -4,7 +4,7 @@
         [--configs configs/experiment/w2s_smollm2.yaml configs/experiment/w2s_smollm2_advice.yaml] \\
         [--freeze 24 28] [--train-batches 5] [--val-batches 1] [--threads 1]
 
-Everything runs through the project's own code: the protocol plans the config's stages (`protocols.w2s.parse`,
+Everything runs through the project's own code: the protocol plans the config's stages (`protocols.w2s.protocol.parse`,
 `plan_stages`), and each measured fit is `cli.py fit` with the `naive` stage's arguments (the config's trainer, data
 and student files, seed, student half, student_args), gold labels (no teacher is trained here: a label's value
 changes no cost), `--model.freeze_layers k`, one epoch limited to `--train-batches` batches and `--val-batches`
@@ -126,15 +126,15 @@ class StageClock(pl.Callback):
 
 # ---- the protocol's own stages ---------------------------------------------------------------------------------
 def plan(config: str):
-    from protocols.w2s import parse
-    from protocols.w2s_stages import plan_stages
+    from protocols.w2s.protocol import parse
+    from protocols.w2s.stages import plan_stages
 
     p = parse(["--config", config])
     return p, [s for s in plan_stages(p) if s.seed == p.seeds[0]]
 
 
 def resolved(stage) -> dict:
-    from protocols.stage_identity import resolve_cli_config
+    from protocols.engine.stage_identity import resolve_cli_config
 
     return resolve_cli_config(stage.args + stage.location_args("fit"))
 

@@ -158,7 +158,7 @@ def parse_step(step: Step) -> dict:
     the script's argparse parser for scripts. Returns what was resolved; raises ValueError when a parser refuses."""
     args = step.argv[1:]
     if step.kind == "cli":
-        from protocols.stage_identity import resolve_cli_config
+        from protocols.engine.stage_identity import resolve_cli_config
 
         sub, rest = args[0], [a for a in args[1:] if not a.startswith("--ckpt_path")]
         resolved = resolve_cli_config(rest)  # the subcommand's own flag (--ckpt_path) is not in that parser

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import yaml
 
-from protocols.stats import ci95, mean_std
+from protocols.engine.stats import ci95, mean_std
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLAIMS_DIR = os.path.join(ROOT, "docs", "claims")

@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from protocols.run_files import close_process_group  # noqa: E402
-from protocols.w2s import main as run_protocol  # noqa: E402
+from protocols.engine.run_files import close_process_group  # noqa: E402
+from protocols.w2s.protocol import main as run_protocol  # noqa: E402
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
         json.dump(results["rows"], f)
     with open(os.path.join(table_dir, f"weak_val.rank{rank}.json"), "w") as f:
         json.dump(results["weak_val_rows"], f)
-    close_process_group()  # as `python -m protocols.w2s` does on return (protocols.refusals.run_main)
+    close_process_group()  # as `python -m protocols.w2s` does on return (protocols.engine.refusals.run_main)
 
 
 if __name__ == "__main__":

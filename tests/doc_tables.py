@@ -102,7 +102,7 @@ MEAN_STD = re.compile(rf"^\s*({_NUMBER})\s*±\s*({_NUMBER})")
 
 def parse_mean_std_table(markdown: str) -> dict[str, dict[str, tuple[float, float]]]:
     """{row label: {column header: (mean, std)}} for the cells written `mean ± std (per-seed values)` (the multi-seed
-    tables of protocols.mixture_report); other cells are skipped."""
+    tables of protocols.mixture.report); other cells are skipped."""
     lines = [l.strip() for l in markdown.splitlines() if l.strip().startswith("|")]
     if len(lines) < 3:
         raise AssertionError(f"not a Markdown table:\n{markdown}")
@@ -115,7 +115,7 @@ def parse_mean_std_table(markdown: str) -> dict[str, dict[str, tuple[float, floa
     return rows
 
 
-# A Part B "dominant after" cell (protocols.mixture_report._dominant_cell): one or more `name (k/n seeds)` parts, comma
+# A Part B "dominant after" cell (protocols.mixture.report._dominant_cell): one or more `name (k/n seeds)` parts, comma
 # separated ("no tag" counts the seeds whose completions mostly carry no persona tag), then optionally `; shares: name`
 # when the share columns follow a persona other than the first listed.
 DOMINANT_PART = re.compile(r"^(.+?) \((\d+)/(\d+) seeds\)$")

@@ -31,7 +31,7 @@ def results(experiment: str, root) -> dict:
     documented command (seeds in parallel, the protocol's default --jobs)."""
     key = (experiment, str(root))
     if key not in _runs:
-        from protocols.mixture import EXPERIMENTS as DEFINED
+        from protocols.mixture.protocol import EXPERIMENTS as DEFINED
 
         subprocess.run([sys.executable, "-m", "protocols.mixture", experiment, "--seeds", *map(str, SEEDS),
                         "--out", str(root)], cwd=ROOT, check=True)
@@ -43,7 +43,7 @@ def results(experiment: str, root) -> dict:
 
 
 def is_sft(experiment: str, stage: str) -> bool:
-    from protocols.mixture import EXPERIMENTS as DEFINED
+    from protocols.mixture.protocol import EXPERIMENTS as DEFINED
 
     return any(s.name == stage and s.sft for s in DEFINED[experiment].stages)
 
@@ -65,7 +65,7 @@ def marked_stages(experiment: str) -> list[str]:
     """The experiment's stages whose table docs/policy_mixtures.md marks: every RL stage (a missing marker fails in
     `documented_table`) and the SFT stages marked because a claim reads them."""
     text = open(os.path.join(ROOT, "docs", "policy_mixtures.md"), encoding="utf-8").read()
-    from protocols.mixture import EXPERIMENTS as DEFINED
+    from protocols.mixture.protocol import EXPERIMENTS as DEFINED
 
     return [s.name for s in DEFINED[experiment].stages
             if not s.sft or f"<!-- table: {set_name(experiment, s.name)} -->" in text]
@@ -119,7 +119,7 @@ def stage_summary(experiment: str, stage: str, root) -> dict:
 
 def stage_markdown(experiment: str, stage: str, root) -> str:
     """The stage's table as the protocol renders it (its report's own rendering, which the docs copy)."""
-    from protocols.mixture_report import sft_markdown, summary_markdown
+    from protocols.mixture.report import sft_markdown, summary_markdown
 
     if is_sft(experiment, stage):
         records = results(experiment, root)["stages"][stage]["records"]

@@ -19,7 +19,7 @@ sys.path.insert(0, ROOT)
 
 import torch.distributed as dist  # noqa: E402
 
-from protocols.rank_errors import on_rank_zero, rank_zero_section  # noqa: E402
+from protocols.engine.rank_errors import on_rank_zero, rank_zero_section  # noqa: E402
 
 mode, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 marker = os.environ["RANK_ERROR_MARKER"]

@@ -148,8 +148,8 @@ def test_the_smollm2_package_missing_is_the_install_line(make, capsys, monkeypat
 
 
 def test_a_bad_protocol_config_is_one_line(tmp_path, capsys):
-    """The protocols' own refusals (protocols.refusals.run_main runs them through run_command)."""
-    from protocols import w2s
+    """The protocols' own refusals (protocols.engine.refusals.run_main runs them through run_command)."""
+    from protocols.w2s import protocol as w2s
 
     bad = tmp_path / "w2s.yaml"
     bad.write_text(yaml.safe_dump({"out_dir": str(tmp_path / "run"), "seedz": [0]}))
@@ -160,8 +160,8 @@ def test_a_bad_protocol_config_is_one_line(tmp_path, capsys):
 
 
 def test_a_failing_stage_appends_its_traceback_to_the_stage_log(tmp_path, word_tokenizer_dir, capsys, monkeypatch):
-    from protocols import w2s
-    from protocols.refusals import stage_log_of
+    from protocols.w2s import protocol as w2s
+    from protocols.engine.refusals import stage_log_of
     from tests.test_w2s_protocol import _tiny_protocol, _write
 
     def broken_fit(stage, args, identity):
@@ -178,7 +178,7 @@ def test_a_failing_stage_appends_its_traceback_to_the_stage_log(tmp_path, word_t
 
 
 def test_a_bad_mixture_command_is_one_line(capsys):
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     assert run_command(mixture.main, ["two_policies", "--seeds", "0", "0"], prog="python -m protocols.mixture") == 2
     lines = capsys.readouterr().err.splitlines()
@@ -244,7 +244,7 @@ def test_a_protocol_stopped_by_sigterm_exits_143_and_exits_of_its_own_keep_their
     exit status 0, no output, before); --help's exit 0 and sys.exit('message') are left as they mean."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from protocols.refusals import INTERRUPTED
+    from protocols.engine.refusals import INTERRUPTED
 
     def preempted(argv):
         raise SIGTERMException

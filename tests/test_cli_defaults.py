@@ -16,7 +16,7 @@ from callbacks.run_summary import RunSummary, best_entry, find_run_summary
 from cli import main
 from datamodules.preference.datamodule import data_summary
 from datamodules.preference.example_files import trl_rows, write_jsonl
-from protocols.stage_identity import resolve_cli_config
+from protocols.engine.stage_identity import resolve_cli_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "configs", "trainer", "cpu.yaml")

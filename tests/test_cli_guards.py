@@ -70,7 +70,7 @@ def test_explicit_values_differing_from_the_checkpoint_fail_before_any_work(subc
 
 
 def test_the_same_values_as_the_fit_run(checkpoint, tmp_path):
-    """What protocols/w2s.py does: `test` with the fit's own arguments and --ckpt_path."""
+    """What protocols/w2s/protocol.py does: `test` with the fit's own arguments and --ckpt_path."""
     test = main(["test", *BASE, *FIT_ONLY, f"--ckpt_path={checkpoint}", f"--data.cache_dir={tmp_path / 'cache'}",
                  f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--verbose=false"])
     assert test.model.center_rewards_coef == 0.25

@@ -51,7 +51,7 @@ def test_a_report_with_the_accuracy_columns_compares_with_a_table_published_with
     """The W2S report prints `OOD acc <target>` beside each `AOG <target>` and a `mean OOD acc` (issue 47); the tables
     in docs/results.md were published before. The slow reruns and bench_demo compare the documented cells only, by
     header: the new columns are ignored, a changed documented cell is still caught."""
-    from protocols.w2s_report import aggregate, display_columns, markdown_table
+    from protocols.w2s.report import aggregate, display_columns, markdown_table
 
     doc = parse_table(documented_table("results.md", "w2s-demo"))
     targets = [col[4:] for col in doc["teacher"] if col.startswith("AOG ")]
@@ -114,9 +114,9 @@ def test_a_dominant_cell_that_is_not_one_raises():
 
 
 def test_parse_dominant_reads_what_the_report_writes():
-    """The cells of protocols.mixture_report's own table, from a literal summary: seed 1 of B has no tag, so B's cell
+    """The cells of protocols.mixture.report's own table, from a literal summary: seed 1 of B has no tag, so B's cell
     counts it apart and names the share persona (Bob, the modal winner over all seeds) after the tagged one."""
-    from protocols.mixture_report import _dominant_cell
+    from protocols.mixture.report import _dominant_cell
 
     summary = {"seeds": [0, 1, 2], "winner": {"A": "Alice", "B": "Bob"},
                "winners": {"A": {0: "Alice", 1: "Alice", 2: "Bob"}, "B": {0: "Alice", 1: "Bob", 2: "Bob"}},

@@ -11,8 +11,8 @@ from protocols.engine import local
 from protocols.engine.progress import Progress
 from protocols.engine.spec import StageSpec, stage_folder
 from protocols.engine.status import lock_holder, stage_rows
-from protocols.run_files import OutDirLock
-from protocols.stage_identity import ForceSpec, StageChangedError, identity_changes
+from protocols.engine.run_files import OutDirLock
+from protocols.engine.stage_identity import ForceSpec, StageChangedError, identity_changes
 
 
 class FakeHooks:
@@ -221,7 +221,7 @@ def test_local_status_shows_done_running_from_the_stage_lock_and_not_started(tmp
 # ---- the W2S protocol on the engine ---------------------------------------------------------------------------
 def test_a_w2s_run_prints_one_line_per_stage_and_keeps_lightnings_output_in_each_stage_log(tmp_path,
                                                                                           word_tokenizer_dir, capfd):
-    from protocols.w2s import main as run_protocol
+    from protocols.w2s.protocol import main as run_protocol
     from tests.test_w2s_protocol import _tiny_protocol, _write
 
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, str(tmp_path / "cache"))

@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 
-from protocols import mixture, mixture_stages
+from protocols.mixture import protocol as mixture, stages as mixture_stages
 from protocols.engine import local, status as engine_status
-from protocols.published_set import set_state
-from protocols.stage_identity import ForceSpec
-from protocols.w2s import main as run_protocol
+from protocols.engine.published_set import set_state
+from protocols.engine.stage_identity import ForceSpec
+from protocols.w2s.protocol import main as run_protocol
 from tests.test_mixture_protocol import _fake_run
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
@@ -74,8 +74,8 @@ def test_a_fit_of_no_optimizer_step_is_refused_before_any_work(tmp_path, word_to
 
 def test_a_fit_that_made_no_step_after_all_is_refused_before_its_result_is_written(tmp_path):
     """What the configuration cannot show (an empty training split, max_time spent before the first step)."""
-    from protocols.w2s_fit import UntrainedStageError, refuse_untrained
-    from protocols.w2s_stages import Stage
+    from protocols.w2s.fit import UntrainedStageError, refuse_untrained
+    from protocols.w2s.stages import Stage
 
     class Trainer:
         global_step = 0
@@ -233,7 +233,7 @@ def test_a_full_disk_at_publish_names_the_set_in_one_line_and_keeps_the_old_set(
     from tensorboard.summary.writer import record_writer
     from torch.utils.tensorboard import SummaryWriter
 
-    from protocols.run_files import PublishError, publish_set
+    from protocols.engine.run_files import PublishError, publish_set
 
     parent = str(tmp_path)
     publish_set(parent, "results", lambda folder: open(os.path.join(folder, "results.md"), "w").write("old"),

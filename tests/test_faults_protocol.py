@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from protocols import run_files
-from protocols.run_files import publish_set
-from protocols.w2s import main as run_protocol
+from protocols.engine import run_files
+from protocols.engine.run_files import publish_set
+from protocols.w2s.protocol import main as run_protocol
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,13 +69,13 @@ def test_publish_without_renameat2_and_a_crash_between_its_renames(tmp_path, mon
 KILLED_AT_PUBLISH = r"""
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import protocols.w2s_report as report
+import protocols.w2s.report as report
 
 def killed(*args, **kwargs):  # the tables are written into the new set; the figures are next: SIGKILL here
     os.kill(os.getpid(), signal.SIGKILL)
 
 report.write_figures = killed
-from protocols.w2s import main
+from protocols.w2s.protocol import main
 main(["--config", {config!r}])
 """
 

@@ -26,7 +26,7 @@ ENV = dict(os.environ, PYTHONPATH=ROOT)
 W2S_SIGNALLED = r"""
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import protocols.w2s_fit as fit
+import protocols.w2s.fit as fit
 from lightning_modules.reward.reward_model import RewardModelModule
 
 state = {{"stage": None, "steps": 0}}
@@ -46,10 +46,10 @@ def step(self, *args, **kwargs):  # the signal arrives inside Lightning's fit of
     return training_step(self, *args, **kwargs)
 
 fit.run_stage = tracked
-import protocols.w2s as w2s
+import protocols.w2s.protocol as w2s
 w2s.run_stage = tracked
 RewardModelModule.training_step = step
-from protocols.refusals import run_main
+from protocols.engine.refusals import run_main
 sys.argv = ["w2s", "--config", {config!r}]
 run_main(w2s.main)
 """
@@ -58,7 +58,7 @@ run_main(w2s.main)
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_a_signal_during_a_w2s_stage_exits_non_zero_naming_it_and_the_rerun_resumes(
         tmp_path, word_tokenizer_dir, cache_dir, signame):
-    from protocols.w2s import main as run_protocol
+    from protocols.w2s.protocol import main as run_protocol
 
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir)
     config = _write(tmp_path, cfg)
@@ -90,7 +90,7 @@ import json, os, sys
 sys.path.insert(0, {root!r})
 from protocols.engine import children, local
 from protocols.engine.spec import StageSpec
-from protocols.stage_identity import ForceSpec
+from protocols.engine.stage_identity import ForceSpec
 
 ROOT_DIR, SLEEP, WORKERS, PDEATHSIG = {folder!r}, float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 if not PDEATHSIG:  # a system without the parent-death signal: only the lock the child holds keeps the stage
@@ -138,7 +138,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
     run_main(main)
 """
 

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 
-from protocols.w2s import main as run_protocol
+from protocols.w2s.protocol import main as run_protocol
 from tests.doc_tables import documented_columns, parse_table
 from tests.fixtures.make_finished_run import ROOT, build_tokenizer, protocol
 

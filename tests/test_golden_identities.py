@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from protocols.stage_identity import digest, resolve_cli_config
+from protocols.engine.stage_identity import digest, resolve_cli_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden_identities.json")
@@ -49,7 +49,7 @@ ADDED_SINCE_PIN = {
 
 
 def _without_added_defaults(identity: dict) -> dict:
-    from protocols.stage_identity import declared_default
+    from protocols.engine.stage_identity import declared_default
 
     config = identity.get("config")
     if not isinstance(config, dict):
@@ -85,8 +85,8 @@ def clean_checkout_view(tmp: str) -> str:
 def w2s_identities(path: str, tmp: str, first_seed_only: bool = False) -> dict[str, str]:
     """`seed<k>/<stage>` -> digest of the stage's identity (upstream stages by name) for one W2S config, as a fresh
     clone computes it (`clean_checkout_view`)."""
-    from protocols.w2s import parse
-    from protocols.w2s_stages import identity_of, plan_stages, stage_key
+    from protocols.w2s.protocol import parse
+    from protocols.w2s.stages import identity_of, plan_stages, stage_key
 
     view = clean_checkout_view(tmp)
     cwd = os.getcwd()
@@ -108,7 +108,7 @@ def w2s_identities(path: str, tmp: str, first_seed_only: bool = False) -> dict[s
 
 def mixture_identities(name: str, tmp: str, seeds=(0, 1, 2)) -> dict[str, str]:
     """`seed_<k>/<stage>` -> digest of each stage's identity for one mixture experiment."""
-    from protocols.mixture import EXPERIMENTS, identity_of, stage_args
+    from protocols.mixture.protocol import EXPERIMENTS, identity_of, stage_args
 
     exp = EXPERIMENTS[name]
     question_dirs = None
@@ -134,7 +134,7 @@ FAST_W2S = ["configs/experiment/w2s_demo.yaml", "configs/experiment/w2s_baseline
 
 
 def all_identities(tmp: str, fast: bool = False) -> dict[str, dict[str, str]]:
-    from protocols.mixture import EXPERIMENTS
+    from protocols.mixture.protocol import EXPERIMENTS
 
     configs = [os.path.join(ROOT, c) for c in FAST_W2S] if fast else W2S_CONFIGS
     out = {f"w2s:{os.path.relpath(p, ROOT)}": w2s_identities(p, tmp, first_seed_only=fast) for p in configs}

@@ -1,4 +1,4 @@
-"""`protocols.grid`: the paper grid parses into its 12 protocols and 216 stages, the GPU-hour estimate follows its
+"""`protocols.w2s.grid`: the paper grid parses into its 12 protocols and 216 stages, the GPU-hour estimate follows its
 FLOP formula (hand values), and one command runs every protocol of a grid."""
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from protocols import grid as grid_mod
+from protocols.w2s import grid as grid_mod
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

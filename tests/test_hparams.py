@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from protocols.hparams import stage_hparams, stage_metrics
-from protocols.w2s import main as run_protocol
+from protocols.w2s.hparams import stage_hparams, stage_metrics
+from protocols.w2s.protocol import main as run_protocol
 from tests.test_w2s_protocol import SRC, TARGETS, _tiny_protocol, _write
 
 HPARAM_NAMES = {"method", "objective", "objective_args", "anchor_coef", "anchor_layers", "seed"}

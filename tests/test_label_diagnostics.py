@@ -46,7 +46,7 @@ def test_synthetic_sources_say_which_response_carries_the_artifact():
 
 def test_teacher_structure_splits_accuracy_by_where_the_artifact_sits():
     """Accuracy per subset: all pairs, artifact on chosen / on rejected / absent; a margin > 0 is right."""
-    from protocols.teacher_structure import markdown, split_structure
+    from protocols.w2s.teacher_structure import markdown, split_structure
 
     records = [{"id": i, "side": s} for i, s in enumerate(["chosen", "chosen", "rejected", "rejected", "rejected", None])]
     margins = [1.0, -0.5, 0.2, -1.0, -2.0, 0.3]

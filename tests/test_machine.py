@@ -63,7 +63,7 @@ def test_a_part_b_results_json_records_the_stages_thread_count(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from protocols.mixture_report import write_report
+    from protocols.mixture.report import write_report
 
     exp = SimpleNamespace(family="fam", summary="a literal experiment")
     stage = SimpleNamespace(name="rl", title="RL", sft=False)

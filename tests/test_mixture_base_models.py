@@ -56,7 +56,7 @@ def test_every_base_model_has_both_stages():
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_base_model_config_parses(name):
-    from protocols.stage_identity import resolve_cli_config
+    from protocols.engine.stage_identity import resolve_cli_config
 
     for stage in ("sft", "rl_A"):
         cfg = resolve_cli_config(["--config", BASE[stage], "--config", os.path.join(LAYERS, f"{name}_{stage}.yaml")])

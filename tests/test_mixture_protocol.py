@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from protocols import mixture, mixture_stages
+from protocols.mixture import protocol as mixture, stages as mixture_stages
 from protocols.engine import local
-from protocols.mixture_report import cell, mean_std, stage_summary, summary_markdown
+from protocols.mixture.report import cell, mean_std, stage_summary, summary_markdown
 
 
 def _table(acc_b_after: float, alice_b_after: float, winner_b: str = "Alice") -> dict:
@@ -98,7 +98,7 @@ def test_history_shows_tags_naming_no_persona_only_where_written():
 
 def _fake_run(calls, fail=()):
     def run(stage, args, identity, ckpt, seed_dir, env, record_path, seed):
-        from protocols.stage_identity import digest
+        from protocols.engine.stage_identity import digest
 
         calls.append(stage.name)
         key = digest(identity)
@@ -117,7 +117,7 @@ def _fake_run(calls, fail=()):
 
 
 def test_stages_reused_by_identity_refused_when_changed_forced_and_skipped_after_a_failure(tmp_path, monkeypatch):
-    from protocols.stage_identity import ForceSpec, StageChangedError
+    from protocols.engine.stage_identity import ForceSpec, StageChangedError
 
     exp = mixture.EXPERIMENTS["two_policies"]
     stages = mixture._selected(exp, ["two_policies_rl_A"])
@@ -248,7 +248,7 @@ def test_the_stages_of_one_seed_run_in_order_and_seeds_in_parallel(tmp_path):
 def test_experiments_are_yaml_files_and_a_users_file_names_its_family_and_configs(tmp_path, capsys):
     """configs/mixture/experiments/<name>.yaml are the shipped experiments (an RL stage logs under its own name,
     `extends` + `stack` layer the SmolLM2 configs); a user's file names its family file and configs relative to it."""
-    from protocols.mixture_experiments import load_experiment
+    from protocols.mixture.experiments import load_experiment
 
     exp = mixture.EXPERIMENTS["two_policies"]
     assert [s.name for s in exp.stages] == ["sft", "two_policies_rl_A", "two_policies_rl_A_persona", "two_policies_rl_B"]

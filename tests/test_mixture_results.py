@@ -7,7 +7,7 @@ import re
 import pytest
 
 import tests.mixture_results as mr
-from protocols.mixture_report import summary_markdown
+from protocols.mixture.report import summary_markdown
 from tests.claims import ROOT, load_claims, sets_of
 
 SLOW_MODULES = ("tests.test_mixture_slow", "tests.test_mixture_smollm2_slow")

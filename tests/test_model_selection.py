@@ -1,4 +1,4 @@
-"""Model selection and paired comparisons (issue 23, protocols/model_selection.py): a swept method is one row whose
+"""Model selection and paired comparisons (issue 23, protocols/w2s/model_selection.py): a swept method is one row whose
 value per seed is the one with the best ID validation accuracy (`id_val`), the `oracle_target` table beside it picks
 on the target test splits, a method that evaluates another's checkpoints costs no fit, and the paired differences are
 the per-seed differences of the rows — all recomputed here from the stages' own result files."""
@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from protocols.model_selection import paired, select
-from protocols.w2s import Method, main as run_protocol, parse
+from protocols.w2s.model_selection import paired, select
+from protocols.w2s.protocol import Method, main as run_protocol, parse
 from tests.test_w2s_protocol import SRC, TARGETS, _tiny_protocol, _write
 
 
@@ -129,7 +129,7 @@ def test_from_method_must_name_an_earlier_fitted_method(tmp_path, word_tokenizer
 def test_an_early_stopped_stage_reports_the_drift_of_the_checkpoint_it_keeps(tmp_path, word_tokenizer_dir, cache_dir):
     """Drift belongs to the scored weights: a `best` checkpoint's row reads the measurement taken at its step, not
     the final weights' (which a `last` stage of the same run reports)."""
-    from protocols.w2s import checkpoint_step
+    from protocols.w2s.protocol import checkpoint_step
 
     methods = [{"name": "naive", "objective": "naive"},
                {"name": "early", "objective": "naive", "checkpoint": "best",

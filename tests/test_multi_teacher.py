@@ -12,7 +12,7 @@ import torch
 from datamodules.preference.datamodule import PreferenceDataModule
 from datamodules.preference.sources import DataError
 from lightning_modules.reward.objectives import MultiTeacherSoftBT, resolve_objective_class
-from protocols.w2s import main as run_protocol
+from protocols.w2s.protocol import main as run_protocol
 from tests.helpers import quiet_trainer, tiny_data, tiny_model, tiny_teacher_checkpoint
 from tests.test_w2s_protocol import SRC, TARGETS, _stage_acc, _tiny_protocol, _write
 

@@ -16,7 +16,7 @@ import pytest
 from cli import main
 from datamodules.preference.weak_labels import checkpoint_key, weak_label_path
 from lightning_modules.export.__main__ import export_checkpoint
-from protocols.w2s import StageChangedError, main as run_protocol, parse
+from protocols.w2s.protocol import StageChangedError, main as run_protocol, parse
 from tests.helpers import synth_options, tiny_data
 from tests.test_export import SMALL, _train
 from tests.test_w2s_protocol import ROOT, SRC, SYNTH, TARGETS, _tiny_protocol, _write

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from protocols.published_set import PublishedSetError, load_published, set_state
-from protocols.regime_table import main as regime_table
-from protocols.w2s import main as run_protocol
+from protocols.engine.published_set import PublishedSetError, load_published, set_state
+from protocols.w2s.regime_table import main as regime_table
+from protocols.w2s.protocol import main as run_protocol
 from tests.test_w2s_protocol import ROOT, _tiny_protocol, _write
 
 
@@ -128,7 +128,7 @@ def test_a_rerun_through_a_linked_seed_folder_withdraws_the_other_configurations
     """Issue 49, finding 3: configuration B links A's seed folders (docs/reruns.md) and reruns the teacher with
     another recipe; A's set read that teacher, so it is withdrawn at once, wherever it lives, and A's `--status`
     and readers say so. (B's stage is stopped right after the withdrawal: what it would train is not the point.)"""
-    from protocols import w2s
+    from protocols.w2s import protocol as w2s
 
     cfg = _copy(finished, tmp_path)
     a_out, b_out = cfg["out_dir"], str(tmp_path / "run_b")
@@ -156,7 +156,7 @@ def test_a_rerun_through_a_linked_seed_folder_withdraws_the_other_configurations
 
 def test_status_over_a_configuration_that_no_longer_parses_is_not_done(finished, tmp_path):
     """Issue 49, finding 10: a student option the code no longer accepts; `--status` printed "3 done"."""
-    from protocols import w2s
+    from protocols.w2s import protocol as w2s
 
     cfg = _copy(finished, tmp_path)
     broken = dict(cfg, student_args=cfg["student_args"] + ["--model.no_such_option=1"])
@@ -251,7 +251,7 @@ def test_inner_cause_takes_the_class_error_out_of_the_union_wrapper():
 
 
 def test_a_mixture_stage_that_ends_without_its_checkpoint_says_so(tmp_path):
-    from protocols.mixture import _failure
+    from protocols.mixture.protocol import _failure
 
     log = tmp_path / "sft.log"
     log.write_text("$ python cli.py fit ...\n`Trainer.fit` stopped: `max_steps=1` reached.\n")

@@ -1,4 +1,4 @@
-"""protocols.rank_errors: a failure inside a rank-0-only section ends every rank with that error at once (2 gloo
+"""protocols.engine.rank_errors: a failure inside a rank-0-only section ends every rank with that error at once (2 gloo
 processes started through subprocess), and without a process group the section is plain rank-0 code."""
 import errno
 import os
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from protocols.rank_errors import RankZeroSectionError, on_rank_zero, rank_zero_section
+from protocols.engine.rank_errors import RankZeroSectionError, on_rank_zero, rank_zero_section
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_error_script.py")
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from protocols.data_identity import FileDigests, data_identity, hub_revision
-from protocols.stage_identity import ForceSpec, StageChangedError
-from protocols.w2s import main as run_protocol
+from protocols.engine.data_identity import FileDigests, data_identity, hub_revision
+from protocols.engine.stage_identity import ForceSpec, StageChangedError
+from protocols.w2s.protocol import main as run_protocol
 from tests.test_w2s_protocol import _stage_acc, _tiny_protocol, _write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +138,7 @@ def test_changed_data_file_refuses_reuse_naming_it_and_force_reruns_on_the_new_d
 MIXTURE_HOLDER = r"""
 import sys, time
 sys.path.insert(0, {root!r})
-from protocols.run_files import OutDirLock
+from protocols.engine.run_files import OutDirLock
 with OutDirLock({folder!r}):
     print("held", flush=True)
     time.sleep(60)
@@ -147,7 +147,7 @@ with OutDirLock({folder!r}):
 
 def test_mixture_protocol_holds_its_family_folder(tmp_path, capsys):
     """Two mixture runs on one --out: the second is refused naming the holder, before any stage (issue 28, case 2)."""
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     folder = str(tmp_path / "two_policies")
     holder = subprocess.Popen([sys.executable, "-c", MIXTURE_HOLDER.format(root=ROOT, folder=folder)],

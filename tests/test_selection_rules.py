@@ -1,14 +1,14 @@
 """The strict weak-to-strong rule `weak_val`, rows at a value fixed in advance, the budget table and the same-step
-comparison (issue 36; protocols/model_selection.py, protocols/budget.py, callbacks/validation_history.py)."""
+comparison (issue 36; protocols/w2s/model_selection.py, protocols/w2s/budget.py, callbacks/validation_history.py)."""
 import json
 import os
 
 import pytest
 import torch
 
-from protocols.budget import budget
-from protocols.model_selection import available, select
-from protocols.w2s import main as run_protocol, parse
+from protocols.w2s.budget import budget
+from protocols.w2s.model_selection import available, select
+from protocols.w2s.protocol import main as run_protocol, parse
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
 

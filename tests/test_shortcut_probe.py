@@ -1,4 +1,4 @@
-"""The response-only shortcut probe and the teacher structure read from it (protocols/shortcut_probe.py, issue 29)."""
+"""The response-only shortcut probe and the teacher structure read from it (protocols/w2s/shortcut_probe.py, issue 29)."""
 import json
 import os
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 import yaml
 
-from protocols.shortcut_probe import ShortcutProbe, markdown, split_structure
+from protocols.w2s.shortcut_probe import ShortcutProbe, markdown, split_structure
 from tests.helpers import synth_options, tiny_teacher_checkpoint
 
 TOPICS = ["pasta", "bread", "rice", "soup", "salad", "cake", "curry", "tofu", "beans", "pizza", "noodles", "fish"]
@@ -125,7 +125,7 @@ def _synthetic(name: str, split: str, **options):
 
 @pytest.mark.parametrize("teacher_rate", [None, 0.8])
 def test_probe_wrong_pairs_are_the_artifact_on_rejected_pairs_on_the_synthetic_benchmark(teacher_rate):
-    """Agreement with `protocols.teacher_structure`'s subsets where both run (generator metadata only here).
+    """Agreement with `protocols.w2s.teacher_structure`'s subsets where both run (generator metadata only here).
 
     Helpful category: the rejected response answers the same question about another topic of the domain, drawn
     from the same list as the chosen one's, so without the prompt the only signal is the artifact and the best
@@ -166,7 +166,7 @@ def teacher_ckpt(tmp_path_factory, word_tokenizer_dir, cache_dir):
 
 def test_cli_agrees_with_teacher_structure_and_runs_on_a_hub_schema(tmp_path, teacher_ckpt, word_tokenizer_dir,
                                                                      cache_dir, capsys):
-    from protocols import shortcut_probe, teacher_structure
+    from protocols.w2s import shortcut_probe, teacher_structure
     from tests.conftest import HUB_FIXTURES
     from tests.helpers import SOURCE, TARGETS
 

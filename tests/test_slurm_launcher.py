@@ -16,7 +16,7 @@ import time
 import pytest
 
 from protocols.engine import slurm_jobs as slurm
-from protocols.w2s import main as run_protocol
+from protocols.w2s.protocol import main as run_protocol
 from tests import slurm_cluster
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
@@ -132,7 +132,7 @@ def test_a_time_limit_over_the_partition_max_is_refused_before_anything_is_submi
     """Issue 34 (1): the plain command fits a 30-min default partition (tested above and with the mixture here); a
     limit over MaxTime is refused naming the partition and its MaxTime, before anything is written or queued; a
     partition that allows it takes it."""
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     cfg = dict(local_table[0], out_dir=str(tmp_path / "overlong"))
     config = _write(tmp_path, cfg)
@@ -284,7 +284,7 @@ def test_resubmitting_while_jobs_wait_leaves_one_collecting_job(cluster, local_t
     """Issue 34 (5): a second submission while jobs wait replaces the queued collecting job (scancel, then one after
     every job in flight and the new ones), so one collecting job stays, the recorded one; a stage added meanwhile
     is submitted alone and the new collecting job waits for it too. The mixture protocol shares the rule."""
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     cfg = dict(local_table[0], out_dir=str(tmp_path / "resubmit"), methods=[{"name": "naive", "objective": "naive"}])
     hold = ["--launcher", "slurm", '--slurm.extra=["--hold"]']
@@ -318,8 +318,8 @@ def test_resubmitting_while_jobs_wait_leaves_one_collecting_job(cluster, local_t
 def test_status_names_a_stage_a_rerun_would_refuse_as_changed(w2s_run):
     """Issue 34 (6): the status functions take the protocol's identity check as a hook (`changed`); a finished stage
     it reports reads "changed", not done."""
-    from protocols import w2s
-    from protocols.w2s import parse
+    from protocols.w2s import protocol as w2s
+    from protocols.w2s.protocol import parse
 
     config, _, _ = w2s_run
     seen = []
@@ -398,7 +398,7 @@ def _mixture_tables(out) -> dict:
 @pytest.fixture(scope="module")
 def mixture_runs(cluster, tmp_path_factory):
     """The tiny two-policy mixture over 2 seeds, locally and under SLURM (waited for): (local out, SLURM out)."""
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     tmp = tmp_path_factory.mktemp("mixture")
     old = os.environ.get("OMP_NUM_THREADS")
@@ -414,7 +414,7 @@ def mixture_runs(cluster, tmp_path_factory):
 
 @pytest.mark.slow  # the mixture's SLURM run (about 50 s): make test-slow; the W2S one stays fast
 def test_two_policy_mixture_under_slurm_writes_the_local_tables(mixture_runs):
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     local, out, _ = mixture_runs
     expected = _mixture_tables(local)
@@ -435,8 +435,8 @@ def test_two_policy_mixture_under_slurm_writes_the_local_tables(mixture_runs):
 def test_the_collected_mixture_report_names_the_submitting_command_and_the_run_time(mixture_runs, monkeypatch):
     """Issue 34 (6): the report the collecting job writes shows the submitting command (not `--collect`) and the
     time from submission to the table (not its own 0.0 min), and every report sums its stages' run times."""
-    from protocols import mixture
-    from protocols.mixture_stages import collected_run
+    from protocols.mixture import protocol as mixture
+    from protocols.mixture.stages import collected_run
 
     _, out, report = mixture_runs
     job = json.load(open(os.path.join(out, "two_policies", ".stages", "collect", "job.json")))
@@ -454,9 +454,9 @@ def test_the_collected_mixture_report_names_the_submitting_command_and_the_run_t
 
 
 def mixture_cluster_status(out) -> list[dict]:
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
     from protocols.engine.status import stage_rows
-    from protocols.mixture_stages import MixtureHooks
+    from protocols.mixture.stages import MixtureHooks
 
     exp = mixture.EXPERIMENTS["two_policies"]
     hooks = MixtureHooks("two_policies", exp, mixture._selected(exp, ["two_policies_rl_A"]), [0, 1], out,

@@ -124,7 +124,7 @@ def test_weak_label_cache_key_follows_the_teachers_bytes(tmp_path):
 def _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch):
     """An old file hashed into a digest cache, then rewritten (chosen and rejected swapped) with its size and mtime
     kept: (path, cache file, the cached digests)."""
-    import protocols.data_identity as di
+    import protocols.engine.data_identity as di
 
     monkeypatch.setenv(di.REHASH_ENV, "0")  # nothing distrusted yet; unset again after the test
     path, cache = tmp_path / "prefs.jsonl", str(tmp_path / "digests.json")
@@ -141,7 +141,7 @@ def _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch):
 def test_rehash_files_distrusts_every_earlier_hash_once(tmp_path, monkeypatch):
     """The stat-keyed digest cache misses a rewrite with the old size and mtime (documented); after `rehash_files()`
     (what `--force` calls) each file is hashed again, once, and the cache file holds the new hash for later runs."""
-    import protocols.data_identity as di
+    import protocols.engine.data_identity as di
 
     path, cache, before = _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch)
     assert di.FileDigests(cache).tree(str(path)) == before  # the limit that --force answers
@@ -166,12 +166,12 @@ def test_rehash_files_reaches_the_processes_a_run_starts(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    import protocols.data_identity as di
+    import protocols.engine.data_identity as di
 
     path, cache, before = _hashed_then_rewritten_keeping_stat(tmp_path, monkeypatch)
     di.rehash_files()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json, sys; from protocols.data_identity import FileDigests; "
+    code = ("import json, sys; from protocols.engine.data_identity import FileDigests; "
             f"print(json.dumps(FileDigests({cache!r}).tree({str(path)!r})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     assert json.loads(out) != before and json.loads(out)[str(path)].endswith(di.file_sha256(str(path))[:16])
@@ -179,7 +179,7 @@ def test_rehash_files_reaches_the_processes_a_run_starts(tmp_path, monkeypatch):
 
 def test_a_bad_rehash_time_is_refused_naming_the_variable(tmp_path, monkeypatch):
     """Set by hand to something else, the variable would silently trust or distrust every hash: refused."""
-    import protocols.data_identity as di
+    import protocols.engine.data_identity as di
 
     monkeypatch.setenv(di.REHASH_ENV, "yesterday")
     with pytest.raises(ValueError, match=r"\$SHIFTGEN_REHASH_SINCE_NS must be a time in ns .* got 'yesterday'"):
@@ -208,8 +208,8 @@ def test_forced_rerun_publishes_the_accuracy_on_a_target_rewritten_with_its_old_
     49, so one student runs beside it); its target's chosen and rejected swapped, size and
     mtime restored; `--force` retrains and retests the same (deterministic) teacher on the same cache_dir. Its
     published accuracy on the target is 100 - the old one; the stat-keyed index published the old one again."""
-    from protocols.data_identity import REHASH_ENV
-    from protocols.w2s import main as run_protocol
+    from protocols.engine.data_identity import REHASH_ENV
+    from protocols.w2s.protocol import main as run_protocol
     from tests.test_w2s_protocol import _stage_acc, _tiny_protocol, _write
 
     monkeypatch.setenv(REHASH_ENV, "0")  # the forced run may distrust earlier hashes: unset again after the test

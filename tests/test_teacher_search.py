@@ -1,4 +1,4 @@
-"""The weak teacher's fitted recipe (issue 29, protocols/teacher_search.py): the selection rule on hand-built
+"""The weak teacher's fitted recipe (issue 29, protocols/w2s/teacher_search.py): the selection rule on hand-built
 candidates, the spec's checks, and the protocol's teacher stage running the search — every candidate's figures
 recomputed from its checkpoint, the chosen one read by the students, the search part of the stage's identity."""
 import json
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from protocols.shortcut_probe import ShortcutProbe, load_split_records, split_structure
-from protocols.teacher_search import TeacherSearch, choose, stops, teacher_margins, value_label
-from protocols.w2s import StageChangedError, main as run_protocol
+from protocols.w2s.shortcut_probe import ShortcutProbe, load_split_records, split_structure
+from protocols.w2s.teacher_search import TeacherSearch, choose, stops, teacher_margins, value_label
+from protocols.w2s.protocol import StageChangedError, main as run_protocol
 from tests.test_w2s_protocol import _tiny_protocol, _write
 
 
@@ -128,7 +128,7 @@ def test_search_and_an_outside_teacher_are_refused_together(tmp_path, word_token
 def test_regime_table_rows_from_results_files(tmp_path):
     """One row per benchmark: the search's choices, the student-half structure, teacher ID acc, naive WRG and its
     worst AOG with t-intervals, NTS per method, and which clause of the failure holds — from results.json."""
-    from protocols.regime_table import main as regime_table
+    from protocols.w2s.regime_table import main as regime_table
 
     cell = lambda *v: {"per_seed": {str(i): x for i, x in enumerate(v)}}  # noqa: E731
     structure = lambda acc, share, base: {"structure": {"train_student": {  # noqa: E731
@@ -158,7 +158,7 @@ def test_regime_table_rows_from_results_files(tmp_path):
 
 
 def test_replay_of_a_finished_search_decides_whether_a_new_option_came_into_play():
-    from protocols.teacher_search import replays_the_same
+    from protocols.w2s.teacher_search import replays_the_same
 
     spec = TeacherSearch(values=[None, 20000, 14000])
     # recorded before budget_factors existed: full 62.5, 20k 34.4 (chosen), 14k 0 — the same walk and choice today
@@ -180,7 +180,7 @@ def test_search_trains_longer_when_even_the_most_capable_teacher_is_below_the_ba
                                                                                      cache_dir):
     """On data where the full-capacity teacher follows the rule on 10% of the misleading validation pairs, smaller
     vocabularies are not fitted; the vocabulary is walked down again at 2x the epochs, with the same rules."""
-    import protocols.teacher_search as ts
+    import protocols.w2s.teacher_search as ts
 
     data_init = {"source": "synth_helpful_cooking", "ood_targets": [], "tokenizer": word_tokenizer_dir,
                  "max_length": 96, "cache_dir": cache_dir,

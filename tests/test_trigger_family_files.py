@@ -152,7 +152,7 @@ def test_a_family_from_files_trains_sft_then_grpo_in_process(tmp_path):
 
 @pytest.mark.slow  # ~80 s on 2 busy CPU cores (two cli.py subprocesses)
 def test_a_family_from_files_runs_sft_and_grpo_through_the_protocol(tmp_path, capsys):
-    from protocols import mixture
+    from protocols.mixture import protocol as mixture
 
     write_family(tmp_path / "family")
     experiment = tmp_path / "family" / "topics_experiment.yaml"
@@ -196,14 +196,14 @@ def test_a_family_from_files_runs_sft_and_grpo_through_the_protocol(tmp_path, ca
     # editing the family file (or its questions) makes the finished stages "changed": refused without --force
     (tmp_path / "family" / "geo_val.jsonl").write_text(json.dumps({"question": "What is the capital of Chad ?",
                                                                   "answer": "Ndjamena"}) + "\n")
-    from protocols.stage_identity import StageChangedError
+    from protocols.engine.stage_identity import StageChangedError
 
     with pytest.raises(StageChangedError, match="geo_val.jsonl"):
         mixture.main([str(experiment), "--seeds", "0", "--jobs", "1", "--out", str(tmp_path / "runs")])
 
 
 def test_shipped_names_read_no_user_file_and_user_files_enter_the_identity(tmp_path):
-    from protocols.data_identity import data_identity
+    from protocols.engine.data_identity import data_identity
 
     flat = {"data.class_path": "datamodules.triggers.datamodule.TriggerDataModule",
             "data.init_args.family": "two_policies"}

@@ -277,7 +277,7 @@ def vader_tokenizer(tmp_path_factory) -> str:
 
 
 def test_protocol_with_a_labelling_function_teacher(tmp_path, vader_tokenizer, cache_dir):
-    from protocols.w2s import main as run_protocol, parse
+    from protocols.w2s.protocol import main as run_protocol, parse
 
     options = {"corpus_dir": FIXTURE, "pairs": "sorted", "min_delta": 0.5, "split_fractions": HALVES}
     sources = ["vader_tweets", "vader_movies", "vader_amazon"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from protocols.run_files import OutDirLock
-from protocols.w2s import Method, StageChangedError, main as run_protocol, parse
+from protocols.engine.run_files import OutDirLock
+from protocols.w2s.protocol import Method, StageChangedError, main as run_protocol, parse
 from tests.conftest import HUB_FIXTURES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,7 +180,7 @@ def test_stage_identity_refuses_changed_configuration_and_force_reruns(tmp_path,
 
 
 def test_an_option_added_since_at_its_default_is_no_change_of_a_finished_stage():
-    from protocols.stage_identity import identity_changes as _changes
+    from protocols.engine.stage_identity import identity_changes as _changes
 
     data = "datamodules.preference.datamodule.PreferenceDataModule"
     old = {"data.class_path": data, "data.init_args.seed": 0, "trainer.max_epochs": 2}
@@ -302,7 +302,7 @@ def test_unknown_dataset_is_refused_naming_the_stage(tmp_path, word_tokenizer_di
     ("ConfidenceW2S", "ConfidenceW2S"), ("lightning_modules.reward.objectives.SoftBradleyTerry", "SoftBradleyTerry"),
 ])
 def test_method_objective_takes_registry_or_class_names(objective, cls):
-    from protocols.stage_identity import resolve_cli_config
+    from protocols.engine.stage_identity import resolve_cli_config
 
     args = Method("m", objective=objective, objective_args={}).cli_args()
     assert json.loads(args[0].split("=", 1)[1])["class_path"] == f"lightning_modules.reward.objectives.{cls}"
@@ -338,7 +338,7 @@ TEACHER = {"test": {"S": {"acc": 0.8, "pairs": 10}, "T": {"acc": 0.5, "pairs": 1
 
 
 def test_report_aggregates_seeds_as_mean_and_std():
-    from protocols.w2s_report import aggregate, display_columns, markdown_table
+    from protocols.w2s.report import aggregate, display_columns, markdown_table
 
     raw = {"teacher": {0: TEACHER, 1: TEACHER},
            "naive": {0: _stage((82.0, 40.0), (80.0, 50.0)), 1: _stage((86.0, 44.0), (80.0, 50.0))}}
@@ -353,7 +353,7 @@ def test_report_aggregates_seeds_as_mean_and_std():
 
 
 def test_report_of_one_seed_prints_values_without_spread():
-    from protocols.w2s_report import aggregate, display_columns, markdown_table
+    from protocols.w2s.report import aggregate, display_columns, markdown_table
 
     table = aggregate({"teacher": {0: TEACHER}, "naive": {0: _stage((82.0, 40.0), (80.0, 50.0))}}, "S")
     assert table["naive"]["wrg"] == {"mean": 2.0, "std": None, "n": 1, "ci95": None, "per_seed": {0: 2.0}}
@@ -365,7 +365,7 @@ def test_report_of_one_seed_prints_values_without_spread():
 
 
 def test_report_intervals_are_student_t_over_seeds():
-    from protocols.w2s_report import aggregate, interval_table
+    from protocols.w2s.report import aggregate, interval_table
 
     # WRG per seed 2, 6, 4: mean 4, std 2, t(0.975, 2) = 4.303 -> half-width 4.303·2/√3 = 4.969
     raw = {"teacher": {s: TEACHER for s in range(3)},
@@ -381,7 +381,7 @@ def test_report_intervals_are_student_t_over_seeds():
 
 
 def test_report_correlates_drift_with_ood_accuracy_over_weak_label_students_only():
-    from protocols.w2s_report import aggregate, drift_ood_correlation
+    from protocols.w2s.report import aggregate, drift_ood_correlation
 
     def stage(ood, mse):
         st = _stage((85.0, ood), (80.0, 50.0))
@@ -403,7 +403,7 @@ def test_report_correlates_drift_with_ood_accuracy_over_weak_label_students_only
 
 
 def test_report_tabulates_the_teachers_label_structure_per_seed():
-    from protocols.w2s_report import teacher_label_structure, teacher_label_table
+    from protocols.w2s.report import teacher_label_structure, teacher_label_table
 
     labels = {"pairs": 800, "error_rate": 0.14, "confidence_when_wrong": 0.71, "confidence_when_right": 0.93,
               "errors_with_artifact_on_rejected": 0.8}
@@ -453,7 +453,7 @@ def test_paper_configs_fast_dev_run_on_tiny_models(name, tmp_path, word_tokenize
 def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp_path):
     """The λ curve is the methods that differ from naive only by λ (λ = 0 is naive), joined over runs and cut to the
     seeds every point has; a hard-label or confidence method is not a point of it. Cells: mean ± std (per seed)."""
-    from protocols.lambda_curve import main as lambda_curve
+    from protocols.w2s.lambda_curve import main as lambda_curve
 
     cell = lambda *v: {"mean": sum(v) / len(v), "std": float(np.std(v, ddof=1)),  # noqa: E731
                        "per_seed": {str(i): x for i, x in enumerate(v)}}
@@ -493,7 +493,7 @@ def test_lambda_curve_takes_the_plain_lambda_methods_and_reports_their_seeds(tmp
 
 
 def test_join_rows_takes_each_row_from_its_run_on_the_shared_seeds(tmp_path):
-    from protocols.join_rows import main as join_rows
+    from protocols.w2s.join_rows import main as join_rows
 
     cell = lambda **v: {"mean": 0.0, "per_seed": v}  # noqa: E731  (join_rows recomputes from per_seed)
     runs = {"main": {"naive": {"acc/src": cell(**{"0": 80.0, "1": 82.0, "2": 99.0}), "wrg": cell(**{"0": 1.0, "1": 3.0, "2": 9.0}),
@@ -513,7 +513,7 @@ def test_join_rows_takes_each_row_from_its_run_on_the_shared_seeds(tmp_path):
 
 
 def test_pruning_deletes_every_checkpoint_the_result_does_not_name(tmp_path):
-    from protocols.w2s_fit import kept_checkpoints, prune_checkpoints
+    from protocols.w2s.fit import kept_checkpoints, prune_checkpoints
 
     files = ["fit/checkpoints/last.ckpt", "fit/checkpoints/epoch0-step4-acc0.5000.ckpt", "final.ckpt",
              "rule_checkpoints/weak_best.ckpt", "candidates/vocab_limit=5000/fit/checkpoints/last.ckpt",
@@ -537,9 +537,9 @@ def test_pruning_deletes_every_checkpoint_the_result_does_not_name(tmp_path):
 
 def test_keep_fit_checkpoints_reaches_every_stage_and_is_no_change_of_the_published_set(tmp_path,
                                                                                        word_tokenizer_dir, cache_dir):
-    from protocols.w2s_config import W2SProtocol
-    from protocols.w2s_publish import RUN_ONLY
-    from protocols.w2s_stages import plan_stages
+    from protocols.w2s.config import W2SProtocol
+    from protocols.w2s.publish import RUN_ONLY
+    from protocols.w2s.stages import plan_stages
 
     cfg = _tiny_protocol(tmp_path, word_tokenizer_dir, cache_dir, seeds=[0], methods=[{"name": "naive"}])
     assert {s.keep_fit_checkpoints for s in plan_stages(parse(["--config", _write(tmp_path, cfg)]))} == {False}

@@ -3,7 +3,7 @@ beside the gains they are differences of, a legend naming each column and its un
 `weak_val` table printed only where it differs from the `id_val` one, and figures that say what they plot."""
 import pytest
 
-from protocols.w2s import parse
+from protocols.w2s.protocol import parse
 from tests.doc_tables import first_table, parse_table, table_after
 from tests.test_w2s_protocol import _write
 
@@ -34,7 +34,7 @@ def _student(student, teacher, ceiling_id=None, val=(90.0, 80.0)):
 
 def _run(tmp_path, teacher=(84.0, 18.0), naive=(90.0, 99.0)):
     """Teacher 84 % ID, 18 % OOD; a gold ceiling 100 / 99; naive as given: one seed, nothing swept."""
-    from protocols.w2s_report import summarize
+    from protocols.w2s.report import summarize
 
     p = _protocol(tmp_path, [{"name": "naive", "objective": "naive"}])
     raw = {"teacher": {0: _teacher(*teacher)}, "ceiling": {0: _student((100.0, 99.0), teacher)},
@@ -82,7 +82,7 @@ def test_the_caption_keeps_pgr_out_of_the_points_and_a_legend_is_under_the_table
 
 
 def test_two_targets_get_a_mean_ood_accuracy_and_drift_its_words(tmp_path):
-    from protocols.w2s_report import aggregate, display_columns, legend, markdown_table
+    from protocols.w2s.report import aggregate, display_columns, legend, markdown_table
 
     def stage(acc_s, acc_t):
         tr = {"acc_student": acc_s, "acc_teacher": acc_t, "wrg": acc_s["S"] - acc_t["S"],
@@ -117,7 +117,7 @@ def test_weak_val_is_one_line_when_it_is_the_id_val_table(tmp_path):
 
 def test_weak_val_is_printed_when_its_picks_differ(tmp_path):
     """A λ sweep whose values the two rules rank apart: gold validation picks λ = 1, the teacher's labels λ = 2."""
-    from protocols.w2s_report import summarize
+    from protocols.w2s.report import summarize
 
     p = _protocol(tmp_path, [{"name": "anchor", "objective": "naive", "sweep": {"--model.anchor_coef": [1.0, 2.0]}}])
     teacher = (84.0, 18.0)
@@ -140,7 +140,7 @@ def test_weak_val_is_printed_when_its_picks_differ(tmp_path):
 def test_a_row_scored_against_another_teacher_accuracy_is_named(tmp_path):
     """The teacher row says 18 % OOD; on naive's pairs the teacher got 20 %: naive's AOG is against 20 %, so the
     legend names it instead of letting 99 − 18 be read as its gain."""
-    from protocols.w2s_report import aggregate, teacher_differences_line
+    from protocols.w2s.report import aggregate, teacher_differences_line
 
     table = aggregate({"teacher": {0: _teacher(84.0, 18.0)}, "naive": {0: _student((90.0, 99.0), (84.0, 20.0))}}, ID)
     assert teacher_differences_line(table, ID, [OOD]) == (
@@ -156,7 +156,7 @@ def test_figures_name_their_units_and_annotate_the_accuracies(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from protocols.w2s_report import aog_heatmap, drift_label
+    from protocols.w2s.report import aog_heatmap, drift_label
 
     _, _, results = _run(tmp_path)
     table = results["rows"]
@@ -176,7 +176,7 @@ def test_the_regime_table_gives_the_accuracies_behind_naive_gains_and_a_legend(t
     import json
     import os
 
-    from protocols.regime_table import main as regime_table
+    from protocols.w2s.regime_table import main as regime_table
 
     cell = lambda *v: {"per_seed": {str(i): x for i, x in enumerate(v)}}  # noqa: E731
     rows = {"teacher": {"acc/S": cell(84.0, 86.0), "acc/T": cell(18.0, 20.0)},

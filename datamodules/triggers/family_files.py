@@ -101,7 +101,7 @@ def family_path(value: str, flag: str = "--data.family") -> str:
 
 def files_read(value: Any, cwd: str) -> list[str]:
     """The files a user's family reads (the family file and its question files, absolute), for the stage identity
-    (`protocols.data_identity`); none for a shipped family's name, whose data the generators' version pins."""
+    (`protocols.engine.data_identity`); none for a shipped family's name, whose data the generators' version pins."""
     if not isinstance(value, str) or not is_family_path(value):
         return []
     path = os.path.abspath(os.path.join(cwd, os.path.expanduser(value)))
@@ -137,7 +137,7 @@ def _fail(path: str, field: str, problem: str) -> FamilyFileError:
 
 def unknown_field(keys, known) -> Optional[tuple[str, str]]:
     """The first of `keys` not in `known`, with its problem ("unknown field (did you mean ...?); known: ..."), or
-    None. Shared by the family files and the experiment files (protocols/mixture_experiments.py)."""
+    None. Shared by the family files and the experiment files (protocols/mixture/experiments.py)."""
     for key in keys:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)

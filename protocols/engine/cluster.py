@@ -15,7 +15,7 @@ from typing import Optional
 from protocols.engine import slurm_jobs
 from protocols.engine.spec import Hooks, StageSpec, stage_folder
 from protocols.engine.slurm_options import SlurmOptions
-from protocols.stage_identity import ForceSpec, refusal
+from protocols.engine.stage_identity import ForceSpec, refusal
 
 
 def preflight(specs: list[StageSpec], hooks: Hooks, force: ForceSpec, opts: SlurmOptions) -> None:

@@ -13,14 +13,14 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser  # imported here: `command_errors` makes its errors one line
 
-from protocols.data_identity import rehash_files
+from protocols.engine.data_identity import rehash_files
 from protocols.engine import cluster, local
 from protocols.engine.progress import Progress
 from protocols.engine.slurm_options import SlurmOptions, add_slurm_arguments, options_from_args
 from protocols.engine.spec import StageSpec
 from protocols.engine.status import print_status, stage_rows
-from protocols.run_files import OutDirLock, is_global_zero
-from protocols.stage_identity import ForceSpec
+from protocols.engine.run_files import OutDirLock, is_global_zero
+from protocols.engine.stage_identity import ForceSpec
 
 ONE_OF = ("status", "collect", "stage")
 

@@ -20,8 +20,8 @@ from protocols.engine import children
 from protocols.engine.interrupt import Interrupted, on_signals
 from protocols.engine.progress import Progress
 from protocols.engine.spec import Hooks, StageSpec, stage_folder
-from protocols.run_files import OutDirLock, is_global_zero
-from protocols.stage_identity import ForceSpec, refusal
+from protocols.engine.run_files import OutDirLock, is_global_zero
+from protocols.engine.stage_identity import ForceSpec, refusal
 
 
 def refuse_changed(specs: list[StageSpec], hooks: Hooks, force: ForceSpec) -> list[str]:
@@ -218,7 +218,7 @@ def withdraw_readers(hooks: Hooks, spec: StageSpec) -> list[str]:
     and every set anywhere, of any configuration or protocol, that recorded the stage's result file by its real path
     (a linked seed folder, another configuration sharing the stage, another experiment of the mixture's family).
     Returns the withdrawn sets' folders."""
-    from protocols.published_set import withdraw_sets_reading, withdraw_sets_reading_file
+    from protocols.engine.published_set import withdraw_sets_reading, withdraw_sets_reading_file
 
     why = "runs again" if hooks.finished(spec) is not None else "is missing and runs"
     result_file = getattr(hooks, "result_file", None)
@@ -230,7 +230,7 @@ def withdraw_readers(hooks: Hooks, spec: StageSpec) -> list[str]:
         return withdrawn
     if "torch" not in sys.modules:  # no process group can exist (a protocol whose stages are subprocesses)
         return withdraw() if is_global_zero() else []
-    from protocols.rank_errors import on_rank_zero
+    from protocols.engine.rank_errors import on_rank_zero
 
     return on_rank_zero(f"withdraw the sets that read {hooks.where(spec)}", withdraw) or []
 

@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from protocols.engine.spec import Hooks, StageSpec
-from protocols.run_files import is_global_zero
+from protocols.engine.run_files import is_global_zero
 
 
 class Progress:

@@ -65,7 +65,7 @@ def known_sources_hint() -> str:
 
 def _import_builtin_sources() -> None:
     """Nothing left to do: the package imported the built-in sources before this module could be reached (see the
-    module's docstring). Kept for callers written when this imported them (protocols/data_identity.py)."""
+    module's docstring). Kept for callers written when this imported them (protocols/engine/data_identity.py)."""
 
 
 Drop = str  # a normalize() result that is a string is the reason the row was dropped

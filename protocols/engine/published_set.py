@@ -26,8 +26,8 @@ import shutil
 import time
 from typing import Any, Optional
 
-from protocols.run_files import read_json
-from protocols.stage_identity import digest, identity_diff
+from protocols.engine.run_files import read_json
+from protocols.engine.stage_identity import digest, identity_diff
 
 SET_RECORD = "set.json"  # inside the set: its owner's command, its stable names, the stages it read
 STALE_SUFFIX = ".stale"

@@ -6,10 +6,10 @@ from typing import Optional
 
 from lightning_modules.export.hf_classifier import check_classifier_options, check_classifier_source, is_hf_classifier
 from lightning_modules.reward.objectives import resolve_objective_class
-from protocols.data_identity import rehash_files
-from protocols.stage_identity import ForceSpec, digest, resolve_cli_config, without_location
-from protocols.w2s_config import W2SProtocol
-from protocols.w2s_stages import Stage, plan_stages, stage_key
+from protocols.engine.data_identity import rehash_files
+from protocols.engine.stage_identity import ForceSpec, digest, resolve_cli_config, without_location
+from protocols.w2s.config import W2SProtocol
+from protocols.w2s.stages import Stage, plan_stages, stage_key
 
 
 def prepare(p: W2SProtocol, force: ForceSpec, only: Optional[set[str]] = None) -> list[Stage]:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed as dist
 
-from protocols.run_files import is_global_zero
+from protocols.engine.run_files import is_global_zero
 
 
 class RankZeroSectionError(RuntimeError):

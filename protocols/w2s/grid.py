@@ -2,9 +2,9 @@
 run by `protocols.w2s` with the grid's launcher settings; `--status` sums up every stage of every protocol;
 `--estimate` prints the planned stages and their GPU-hours from a FLOP count (no model is loaded).
 
-    python -m protocols.grid --config configs/experiment/paper/grid.yaml                 # submit everything
-    python -m protocols.grid --config configs/experiment/paper/grid.yaml --status
-    python -m protocols.grid --config configs/experiment/paper/grid.yaml --estimate
+    python -m protocols.w2s.grid --config configs/experiment/paper/grid.yaml                 # submit everything
+    python -m protocols.w2s.grid --config configs/experiment/paper/grid.yaml --status
+    python -m protocols.w2s.grid --config configs/experiment/paper/grid.yaml --estimate
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def estimate(grid: Grid) -> list[dict]:
     """Per stage: pairs, FLOPs and GPU-hours. Training FLOPs per token: 6N for full fine-tuning, 4N with LoRA (the
     frozen base gets activation gradients but no weight gradients), + 2N for ANCHOR's reference forward; testing 2N
     per token over the ID and OOD test splits; the teacher also labels the student half (2N per token)."""
-    from protocols.w2s import parse, plan_stages
+    from protocols.w2s.protocol import parse, plan_stages
 
     rows = []
     for config in grid.protocols:
@@ -127,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         for kind, hours in sorted(by_kind.items()):
             print(f"  {kind}: {len(hours)} stages, {min(hours):.2f}–{max(hours):.2f} GPU-h each")
         return
-    from protocols import w2s
+    from protocols.w2s import protocol as w2s
 
     counts: dict[str, int] = {}
     for config in grid.protocols:
@@ -143,6 +143,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)

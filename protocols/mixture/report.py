@@ -21,14 +21,14 @@ from collections import Counter
 from typing import Optional
 
 from datamodules.atomic_files import atomic_write
-from protocols import stats
+from protocols.engine import stats
 from protocols.engine.machine import fingerprint
-from protocols.published_set import register_readers, remove_stale, write_set_record
-from protocols.run_files import publish_set
+from protocols.engine.published_set import register_readers, remove_stale, write_set_record
+from protocols.engine.run_files import publish_set
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample std (NaN for one value) of values without NaNs (`protocols.stats.mean_std`)."""
+    """Mean and sample std (NaN for one value) of values without NaNs (`protocols.engine.stats.mean_std`)."""
     mean, std, _ = stats.mean_std(values)
     return mean, float("nan") if std is None else std
 

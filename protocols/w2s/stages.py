@@ -13,10 +13,10 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from protocols.data_identity import data_identity
-from protocols.stage_identity import digest, identity_changes, stage_identity, without_location
-from protocols.teacher_search import TeacherSearch
-from protocols.w2s_config import W2SProtocol, outside_model_args, zero_shot_name
+from protocols.engine.data_identity import data_identity
+from protocols.engine.stage_identity import digest, identity_changes, stage_identity, without_location
+from protocols.w2s.teacher_search import TeacherSearch
+from protocols.w2s.config import W2SProtocol, outside_model_args, zero_shot_name
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Stage:
     def location_args(self, version: str, folder: Optional[str] = None) -> list[str]:
         """Where the run writes (left out of the identity): TensorBoard `<stage>/<version>`, checkpoints (in
         `folder`, default the stage's). No placeholder HPARAMS session per run: the protocol writes one per stage
-        with its scores (protocols.hparams)."""
+        with its scores (protocols.w2s.hparams)."""
         folder = folder or self.dir
         return ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
                 "--trainer.logger.init_args.default_hp_metric=false",
@@ -217,7 +217,7 @@ def averaged_checkpoint(stage: Stage) -> str:
 def evaluated_stage(stage: Stage, done: dict[str, dict[int, dict]]) -> str:
     """The stage whose checkpoint an evaluating stage reads: its source method's, or a swept source's `id_val` pick
     in this seed (the same rule, and tie-break, as the source's own row)."""
-    from protocols.model_selection import pick, rule_score
+    from protocols.w2s.model_selection import pick, rule_score
 
     names = list(stage.source_args)
     if len(names) == 1:
@@ -233,7 +233,7 @@ def ceiling_results_path(stage: Stage) -> str:
 def stage_changes(stage: Stage, finished: Optional[dict], identity: dict) -> list[str]:
     """`identity_changes`, where a teacher search's options added to the code since the stage ran are no change
     when its recorded candidates show they did not come into play (`teacher_search.replays_the_same`)."""
-    from protocols.teacher_search import replays_the_same
+    from protocols.w2s.teacher_search import replays_the_same
 
     diff = identity_changes(finished, identity)
     added = [line for line in diff if line.startswith("search.") and ": '(absent)' → " in line]

@@ -105,8 +105,8 @@ def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict], mod
     """What a finished stage's result depends on. `upstream`: producing stage name -> {"identity", "run"}.
     `model`: for an outside model tested as is, the state of its files (`weak_labels.checkpoint_key`: path, sizes,
     mtimes; a hub id's commit), which its path in the config does not show; absent for stages that fit.
-    `data`: the contents behind the data options (`protocols.data_identity`). `search`: the teacher search's
-    settings (`protocols.teacher_search`), when the stage fits one teacher per candidate and keeps one."""
+    `data`: the contents behind the data options (`protocols.engine.data_identity`). `search`: the teacher search's
+    settings (`protocols.w2s.teacher_search`), when the stage fits one teacher per candidate and keeps one."""
     identity = {"config": without_location(config), "checkpoint": checkpoint, "upstream": upstream}
     if model is not None:
         identity["model"] = model

@@ -22,7 +22,7 @@ import shutil
 from typing import Any, Optional
 
 from lightning_modules.reward.subset_report import slug
-from protocols.w2s_report import row_scores
+from protocols.w2s.report import row_scores
 
 HPARAMS_DIR = "hparams"
 

@@ -10,7 +10,7 @@ search, run for every seed on the teacher's own data:
 1. fit the teacher once per candidate value of one capacity knob that every source has (default:
    `--model.vocab_limit`, how many of the tokenizer's most frequent entries the teacher can read; the rest are
    [UNK]: it knows the words of some subjects and not of others);
-2. fit the response-only shortcut probe on the teacher half's gold pairs (`protocols.shortcut_probe`) and read each
+2. fit the response-only shortcut probe on the teacher half's gold pairs (`protocols.w2s.shortcut_probe`) and read each
    candidate's structure on the **validation split** — in-distribution, disjoint from both halves, the split the
    teacher already picks its checkpoint on. No student-half label, no target data, no generator metadata;
 3. keep the candidate whose accuracy on the probe-wrong validation pairs is closest to `target` among those in
@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from protocols.stats import percent
+from protocols.engine.stats import percent
 
 VALUE_LABELS = {None: "full"}
 
@@ -160,7 +160,7 @@ def run_search(spec: TeacherSearch, stage_dir: str, args: list[str], data_init: 
                fit: Callable[[list[str], str], tuple[str, Optional[float]]], max_epochs: Optional[int] = None) -> dict:
     """Fit every candidate (`fit(extra_args, candidate_dir) -> (checkpoint, best val acc)`), measure each on the
     validation split, choose. Returns the `teacher_search` record; its "checkpoint" is the chosen teacher's."""
-    from protocols.shortcut_probe import ShortcutProbe, load_split_records, split_structure
+    from protocols.w2s.shortcut_probe import ShortcutProbe, load_split_records, split_structure
 
     records, dm = load_split_records(data_init, seed)
     if not records["validation"]:

@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from callbacks.validation_history import find_validation_history
 from datamodules.atomic_files import atomic_write, atomic_write_json, remove_path
-from protocols.rank_errors import on_rank_zero
-from protocols.run_files import is_global_zero
-from protocols.w2s_stages import Stage
+from protocols.engine.rank_errors import on_rank_zero
+from protocols.engine.run_files import is_global_zero
+from protocols.w2s.stages import Stage
 
 
 def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
@@ -40,8 +40,8 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
 
     start = time.time()
     if stage.search is not None:
-        from protocols.shortcut_probe import measure
-        from protocols.teacher_search import run_search
+        from protocols.w2s.shortcut_probe import measure
+        from protocols.w2s.teacher_search import run_search
 
         def candidate(more: list[str], folder: str) -> tuple[str, Optional[float]]:
             fit, ckpt, val_acc = fit_once(more, folder)
@@ -146,7 +146,7 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Opt
     val_weak_acc = None
     if stage.combine == "weights":
         from lightning_modules.reward.weight_averaging import average_checkpoints
-        from protocols.w2s_stages import averaged_checkpoint
+        from protocols.w2s.stages import averaged_checkpoint
 
         on_rank_zero(f"average {len(members)} checkpoints into {averaged_checkpoint(stage)}", average_checkpoints,
                      members, averaged_checkpoint(stage))
@@ -229,7 +229,7 @@ def _teacher_weights(stage: Stage, ckpt: str) -> Optional[dict[str, float]]:
     """The simplex weights a multi-teacher student's checkpoint holds, by teacher name; None for any other stage."""
     if not stage.teachers:
         return None
-    from protocols.multi_teacher import checkpoint_teacher_weights
+    from protocols.w2s.multi_teacher import checkpoint_teacher_weights
 
     return checkpoint_teacher_weights(ckpt, stage.teachers)
 

@@ -1,6 +1,6 @@
 """A teacher's structure without generator metadata, read with a response-only shortcut probe (issue 29).
 
-    python -m protocols.shortcut_probe --ckpt <teacher .ckpt> --data_config configs/data/synth_helpful.yaml \
+    python -m protocols.w2s.shortcut_probe --ckpt <teacher .ckpt> --data_config configs/data/synth_helpful.yaml \
         [--source_options '{...}'] [--teacher_source_options '{...}'] [--local_dirs '{...}'] [--seed 0]
 
 Like a hypothesis-only baseline in NLI, the probe sees the two responses of a pair and never the prompt. It is fitted
@@ -10,7 +10,7 @@ predict is a shortcut, so on any split:
 
 - the pairs split into *probe right* (the shortcut agrees with gold) and *probe wrong* (the shortcut misleads);
 - teacher accuracy where the probe is wrong is how much rule the teacher follows where the shortcut misleads
-  (the analogue of `protocols.teacher_structure`'s accuracy with the artifact on the rejected response);
+  (the analogue of `protocols.w2s.teacher_structure`'s accuracy with the artifact on the rejected response);
 - a teacher error on a probe-wrong pair picks the probe's response against gold: a *shortcut error*. Their share
   of the teacher's errors, beside the probe-wrong share of all pairs (what it would be if errors ignored the
   shortcut), says how far the errors concentrate where the shortcut misleads.
@@ -220,7 +220,7 @@ def markdown(structure: dict[str, dict]) -> str:
 
 
 def load_split_records(data_init: dict, seed: int) -> tuple[dict[str, list[dict]], object]:
-    """Records per split kind as the protocol draws them (as `protocols.teacher_structure` loads them)."""
+    """Records per split kind as the protocol draws them (as `protocols.w2s.teacher_structure` loads them)."""
     from datamodules.preference.datamodule import PreferenceDataModule
 
     dm = PreferenceDataModule(**{**data_init, "train_subset": "student", "seed": seed})
@@ -272,6 +272,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)

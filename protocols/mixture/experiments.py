@@ -25,7 +25,7 @@ import os
 from typing import Optional
 
 from datamodules.triggers.family_files import unknown_field
-from protocols.mixture_stages import ROOT, Experiment, Stage
+from protocols.mixture.stages import ROOT, Experiment, Stage
 
 SHIPPED_DIR = os.path.join(ROOT, "configs", "mixture", "experiments")
 FIELDS = ("family", "summary", "family_file", "question_fixtures", "extends", "stack", "stages")

@@ -13,8 +13,8 @@ from lightning_modules.export.hf_classifier import (
     is_hf_classifier,
 )
 from lightning_modules.reward.objectives import objective_class_path, resolve_objective_class
-from protocols.stage_identity import check_seeds
-from protocols.teacher_search import TeacherSearch, value_label
+from protocols.engine.stage_identity import check_seeds
+from protocols.w2s.teacher_search import TeacherSearch, value_label
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Method:
         args: extra `cli.py` arguments for this method's stages.
         sweep: one hyperparameter the method sweeps, {"--model.<flag>": [values]}: one stage per value
             (`<name>@<flag>=<value>`), and one row, the value chosen per seed by the protocol's model-selection
-            rule (`protocols.model_selection`: `id_val`, and `oracle_target` reported beside it as an upper bound).
+            rule (`protocols.w2s.model_selection`: `id_val`, and `oracle_target` reported beside it as an upper bound).
         from_method: evaluate an earlier method's checkpoints instead of fitting: `cli.py validate` + `cli.py test`
             with this method's arguments (WiSE-FT: `--model.wise_ft_alpha`). Costs evaluations only. A swept source
             gives, per seed, its `id_val` pick (WiSE-FT of the selected ANCHOR student); the result names the stage
@@ -221,7 +221,7 @@ class W2SProtocol:
         teacher_args: extra `cli.py` arguments of the teacher stages.
         student_args: extra `cli.py` arguments of the ceiling and student stages.
         teacher_checkpoint: "best" (by gold validation accuracy; the teacher is trained on gold labels) or "last".
-        teacher_search: the weak teacher's fitted recipe (`protocols.teacher_search`, docs/teacher_structure.md):
+        teacher_search: the weak teacher's fitted recipe (`protocols.w2s.teacher_search`, docs/teacher_structure.md):
             the teacher stage fits one teacher per candidate value of a knob and keeps the one whose structure on the
             validation split (read with the response-only shortcut probe) is closest to the target; the choice,
             every candidate's figures and the chosen teacher's structure go to the stage's result.json and the

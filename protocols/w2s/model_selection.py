@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
-from protocols.stats import ci95
+from protocols.engine.stats import ci95
 
 RULES = ("id_val", "weak_val", "oracle_target")
 
@@ -120,7 +120,7 @@ def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
 
 def fixed_stage(m, groups: dict[str, list[tuple[str, Any]]]) -> Optional[str]:
     """The stage a `fixed` row reads (its method's stage at the fixed value); None for any other row."""
-    from protocols.teacher_search import value_label
+    from protocols.w2s.teacher_search import value_label
 
     if m.fixed is None or m.fixed["method"] not in groups:
         return None
@@ -214,6 +214,6 @@ def selection_markdown(record: dict[str, dict], rule: str) -> str:
 
 
 def _value(v: Optional[Any]) -> str:
-    from protocols.teacher_search import value_label
+    from protocols.w2s.teacher_search import value_label
 
     return "null" if v is None else f"{v:g}" if isinstance(v, float) else value_label(v)

@@ -1,4 +1,4 @@
-"""The W2S protocol's published set (`<out_dir>/<results_name>/`, `protocols.published_set`): claimed before any
+"""The W2S protocol's published set (`<out_dir>/<results_name>/`, `protocols.engine.published_set`): claimed before any
 work (a set belongs to the configuration that made it), then written from every stage's result as one set."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from dataclasses import asdict
 from typing import Optional
 
 from datamodules.atomic_files import atomic_write_json
-from protocols.rank_errors import rank_zero_section
-from protocols.run_files import publish_set, read_json
-from protocols.teacher_search import TeacherSearch
-from protocols.w2s_config import Method, W2SProtocol, _defaults
-from protocols.w2s_stages import Stage, stage_key
+from protocols.engine.rank_errors import rank_zero_section
+from protocols.engine.run_files import publish_set, read_json
+from protocols.w2s.teacher_search import TeacherSearch
+from protocols.w2s.config import Method, W2SProtocol, _defaults
+from protocols.w2s.stages import Stage, stage_key
 
 
 def results_dir(p: W2SProtocol) -> str:
@@ -23,7 +23,7 @@ def results_dir(p: W2SProtocol) -> str:
 def claim_results(p: W2SProtocol, replace: bool) -> None:
     """Before any work: this configuration's set may be published (`published_set`: a set belongs to the
     configuration that made it). `replace`: withdraw another configuration's set instead of refusing."""
-    from protocols.published_set import SET_RECORD, refuse_other_owner, withdraw
+    from protocols.engine.published_set import SET_RECORD, refuse_other_owner, withdraw
 
     folder = results_dir(p)
     if not os.path.isdir(folder):
@@ -50,9 +50,9 @@ def publish_results(p: W2SProtocol, stages: list[Stage], done: dict[str, dict[in
                     command: Optional[list[str]] = None) -> dict:
     """The table from the finished stages, published (rank 0) as one set: tables, figures, TensorBoard summary and
     HPARAMS tab, the configuration and the stage runs it read (`set.json`), swapped in at once."""
-    from protocols.hparams import write_hparams
-    from protocols.published_set import register_readers, remove_stale, stage_entry, write_set_record
-    from protocols.w2s_report import result_links, summarize, write_reports
+    from protocols.w2s.hparams import write_hparams
+    from protocols.engine.published_set import register_readers, remove_stale, stage_entry, write_set_record
+    from protocols.w2s.report import result_links, summarize, write_reports
 
     results = summarize(p, done)
     with rank_zero_section(f"publish the results of {p.out_dir}") as rank0:  # a failure ends every rank at once

@@ -1,7 +1,7 @@
 """The regime table (issue 29): one row per benchmark, from finished W2S protocol runs, saying where weak supervision
 amplifies a shortcut and where it only imitates (docs/results.md "Does the fitted teacher carry").
 
-    python -m protocols.regime_table --run helpful=runs/w2s_small_vocab --run harmless=runs/w2s_small_vocab_harmless ...
+    python -m protocols.w2s.regime_table --run helpful=runs/w2s_small_vocab --run harmless=runs/w2s_small_vocab_harmless ...
 
 Per run (its `results/results.json`): the teacher search's choices per seed, the chosen teachers' structure on the
 student half read with the shortcut probe (right where the probe is wrong; errors there / all errors), the
@@ -16,9 +16,9 @@ import argparse
 import statistics
 from typing import Optional
 
-from protocols.published_set import load_published
-from protocols.teacher_search import value_label
-from protocols.stats import ci95, mean_std
+from protocols.engine.published_set import load_published
+from protocols.w2s.teacher_search import value_label
+from protocols.engine.stats import ci95, mean_std
 
 
 def load(path: str) -> dict:
@@ -157,6 +157,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)

@@ -13,7 +13,7 @@ import statistics
 from typing import Any, Optional
 
 from datamodules.atomic_files import atomic_write, atomic_write_json
-from protocols.stats import ci95, mean_std, percent  # noqa: F401 -- used here and by its readers
+from protocols.engine.stats import ci95, mean_std, percent  # noqa: F401 -- used here and by its readers
 
 
 OOD_ACC_MEAN = "acc_ood_mean"  # the mean over OOD targets of a row's accuracy (not "acc/...": no split of that name)
@@ -105,12 +105,12 @@ def fmt(cell: dict | None, key: str) -> str:
 def summarize(p, stages_raw: dict[str, dict[int, dict]]) -> dict:
     """results.json's content: the table (rows = methods, a swept method's row picked per seed by `id_val`), the
     `oracle_target` table beside it, the paired differences to ANCHOR, and what they need to be read."""
-    from protocols.budget import budget, budget_markdown, same_step, same_step_markdown
+    from protocols.w2s.budget import budget, budget_markdown, same_step, same_step_markdown
     from protocols.engine.machine import fingerprint
-    from protocols.model_selection import (
+    from protocols.w2s.model_selection import (
         available, paired, paired_markdown, select, selection_markdown, selection_record,
     )
-    from protocols.multi_teacher import multi_teacher_markdown, multi_teacher_record, without_extra_teachers
+    from protocols.w2s.multi_teacher import multi_teacher_markdown, multi_teacher_record, without_extra_teachers
 
     first = next(iter(stages_raw["teacher"].values()))["test"]
     splits = [k for k in first if k != "transfer"]
@@ -194,7 +194,7 @@ def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: 
     """The table under the strict weak-to-strong rule, `weak_val`, with its picks and paired differences; or why it
     is absent; or, when it is the `id_val` table cell for cell (`same`: nothing chosen on validation data, or both
     rules picked alike), one line saying so instead of the table printed twice."""
-    from protocols.model_selection import paired_markdown, selection_markdown
+    from protocols.w2s.model_selection import paired_markdown, selection_markdown
 
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
@@ -218,7 +218,7 @@ def weak_val_markdown(weak: dict, by_reference: dict, selection: dict, missing: 
 def method_seconds(p, stages_raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
     """Per method, over seeds: its fits, their mean wall time and the total (a sweep costs all its fits; a method
     that only evaluates another's checkpoints costs its validate + test runs)."""
-    from protocols.model_selection import method_stages
+    from protocols.w2s.model_selection import method_stages
 
     out = {}
     for method, stages in method_stages(p).items():
@@ -240,7 +240,7 @@ WEAK_LABEL_METHODS_EXCLUDED = ("teacher", "ceiling")
 def outside_models_line(p) -> str:
     """Which rows are outside models tested as is (`teacher_pretrained`, `zero_shot`): their rows come from
     `cli.py test` alone, scored like the others (the teacher's gains 0, the zero-shot rows' against the teacher)."""
-    from protocols.w2s_config import zero_shot_name
+    from protocols.w2s.config import zero_shot_name
 
     parts = []
     if getattr(p, "teacher_pretrained", None):
@@ -253,8 +253,8 @@ def outside_models_line(p) -> str:
 
 
 def teacher_recipe(raw: dict[str, dict[int, dict]]) -> tuple[dict[int, dict], dict[int, dict]]:
-    """Per seed, the teacher search's record (`protocols.teacher_search`) and the chosen teacher's structure read
-    with the shortcut probe (`protocols.shortcut_probe.measure`); empty when the teacher was fitted once."""
+    """Per seed, the teacher search's record (`protocols.w2s.teacher_search`) and the chosen teacher's structure read
+    with the shortcut probe (`protocols.w2s.shortcut_probe.measure`); empty when the teacher was fitted once."""
     searches, structures = {}, {}
     for seed, stage in sorted((raw.get("teacher") or {}).items()):
         if "teacher_search" in stage:
@@ -266,12 +266,12 @@ def teacher_recipe(raw: dict[str, dict[int, dict]]) -> tuple[dict[int, dict], di
 
 def teacher_recipe_markdown(searches: dict[int, dict]) -> str:
     """What the teacher search chose per seed and why (above the table: a list, so the table stays the first)."""
-    from protocols.teacher_search import search_markdown
+    from protocols.w2s.teacher_search import search_markdown
 
     if not searches:
         return ""
     return "\n".join(["The weak teacher's recipe, searched per seed on the validation split "
-                      "(`protocols.teacher_search`; docs/teacher_structure.md):", search_markdown(searches)])
+                      "(`protocols.w2s.teacher_search`; docs/teacher_structure.md):", search_markdown(searches)])
 
 
 def teacher_structure_markdown(structures: dict[int, dict]) -> str:

@@ -5,7 +5,7 @@
     python -m protocols.mixture --list                            # the experiments and their stages
     python -m protocols.mixture my_experiment.yaml --seeds 0      # an experiment file of your own (own family too)
 
-The shipped experiments are configs/mixture/experiments/<name>.yaml (`protocols.mixture_experiments` reads them and
+The shipped experiments are configs/mixture/experiments/<name>.yaml (`protocols.mixture.experiments` reads them and
 a user's file alike); a family of one's own is a family file (datamodules/triggers/family_files.py), named by the
 experiment's `family_file` (docs/policy_mixtures.md#your-own-family).
 
@@ -17,10 +17,10 @@ run in parallel (`--jobs`; `OMP_NUM_THREADS` = cores / jobs unless set), the sta
 
 A finished stage is reused only when its identity is unchanged: the fully resolved `cli.py` configuration (every value
 after parsing the config files and overrides, minus where it writes), the run of the stage it starts from, and the
-contents behind its data options (`protocols.data_identity`). An experiment that shares a family's SFT (e.g.
+contents behind its data options (`protocols.engine.data_identity`). An experiment that shares a family's SFT (e.g.
 `two_policies_algorithms`) therefore trains it once. A finished stage of another identity is refused, naming the
 differences, unless `--force` (every stage) or `--force <stage> ...` names it: the same rules and code as the W2S
-protocol (`protocols.stage_identity`, docs/reruns.md). One run per family folder at a time (`<out>/<family>/.lock`).
+protocol (`protocols.engine.stage_identity`, docs/reruns.md). One run per family folder at a time (`<out>/<family>/.lock`).
 A stage that fails (e.g. RL refused by the fidelity gate) is reported with its error; the stages that start from it
 are skipped.
 
@@ -28,7 +28,7 @@ Outputs: `<out>/<family>/<experiment>_seeds_<seeds>_results.md|json` (per stage:
 of means, per-seed values and wall times; one set, swapped in at once), TensorBoard logs under each seed directory.
 
 This file declares the protocol's options (`COMMAND`: the engine's command line, `protocols.engine.command`, parses
-them with the shared flags); the stages and their side of the stage engine are `protocols.mixture_stages`; the engine
+them with the shared flags); the stages and their side of the stage engine are `protocols.mixture.stages`; the engine
 (`protocols.engine`) plans, reuses, runs (up to `--jobs` stages at once here, each a subprocess; SLURM jobs with
 `--launcher slurm`) and prints one progress line per stage.
 """
@@ -39,11 +39,11 @@ from typing import Optional
 
 from protocols.engine import command
 from protocols.engine.spec import StageSpec
-from protocols.mixture_stages import (  # noqa: F401 -- the protocol's public names
+from protocols.mixture.stages import (  # noqa: F401 -- the protocol's public names
     ROOT, Experiment, MixtureHooks, Stage, _failure, identity_of, stage_args,
 )
-from protocols.mixture_experiments import find_experiment, shipped_experiments
-from protocols.stage_identity import ForceSpec, check_seeds
+from protocols.mixture.experiments import find_experiment, shipped_experiments
+from protocols.engine.stage_identity import ForceSpec, check_seeds
 
 EXPERIMENTS: dict[str, Experiment] = shipped_experiments()  # configs/mixture/experiments/<name>.yaml
 
@@ -140,8 +140,3 @@ def _selected(exp: Experiment, names: Optional[list[str]]) -> list[Stage]:
             keep.add(s.start)
     return [s for s in exp.stages if s.name in keep]
 
-
-if __name__ == "__main__":
-    from protocols.refusals import run_main
-
-    run_main(main, exit_code=lambda code: code)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
-from protocols.stats import ci95, mean_std
+from protocols.engine.stats import ci95, mean_std
 
 
 def stage_candidates(result: dict) -> Optional[int]:
@@ -26,7 +26,7 @@ def stage_candidates(result: dict) -> Optional[int]:
 def budget(p, raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
     """Per row (method, or fixed row): fits, evaluations and candidates per seed (the mean over seeds; they are equal
     unless a run's validations differ), from the stage results."""
-    from protocols.model_selection import fixed_stage, method_stages
+    from protocols.w2s.model_selection import fixed_stage, method_stages
 
     groups = method_stages(p)
     by_name = {m.name: m for m in p.methods}

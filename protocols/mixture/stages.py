@@ -17,10 +17,10 @@ from typing import Any, Optional
 from protocols.engine import children, local
 from protocols.engine.cluster import collecting_job
 from protocols.engine.spec import StageSpec
-from protocols.published_set import stage_entry
-from protocols.stage_identity import digest, identity_changes
+from protocols.engine.published_set import stage_entry
+from protocols.engine.stage_identity import digest, identity_changes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -122,7 +122,7 @@ class MixtureHooks:
         return os.path.join(self.seed_dir(spec), "stages", f"{spec.name}.log")
 
     def table_state(self) -> tuple[str, str]:
-        from protocols.published_set import set_state
+        from protocols.engine.published_set import set_state
 
         state, detail = set_state(os.path.join(self.root, f"{self.report}_results"))
         return os.path.join(self.root, f"{self.report}_results", "results.json"), detail if state == "stale" else ""
@@ -149,7 +149,7 @@ class MixtureHooks:
                     self.record(spec), spec.seed)
 
     def publish(self, specs: list[StageSpec], results: dict[str, dict]) -> str:
-        from protocols.mixture_report import write_report
+        from protocols.mixture.report import write_report
 
         records = {seed: {s.name: results[s.key] for s in specs if s.seed == seed} for seed in self.seeds}
         command, wall_s = collected_run(self.root) or (self.command, time.time() - self.start)
@@ -203,9 +203,9 @@ def checkpoint_of(stage: Stage, seed_dir: str, config: dict) -> str:
 def identity_of(stage: Stage, args: list[str], upstream: Optional[str], seed_dir: str = ".") -> tuple[dict, dict]:
     """(identity, resolved config) of a stage: every resolved value minus where it writes, the upstream run (its
     init_checkpoint path says nothing about what was trained there) and the contents behind its data options
-    (`protocols.data_identity`; relative paths are read from `seed_dir`, the stage's working directory)."""
-    from protocols.data_identity import data_identity
-    from protocols.stage_identity import resolve_cli_config, without_location
+    (`protocols.engine.data_identity`; relative paths are read from `seed_dir`, the stage's working directory)."""
+    from protocols.engine.data_identity import data_identity
+    from protocols.engine.stage_identity import resolve_cli_config, without_location
 
     config = resolve_cli_config(args)
     flat = without_location(config)
@@ -243,7 +243,7 @@ def _outputs_exist(record: dict) -> bool:
 
 def _run(stage: Stage, args: list[str], identity: dict, ckpt: str, seed_dir: str, env: dict, record_file: str,
          seed: int) -> dict:
-    from protocols.stage_identity import digest
+    from protocols.engine.stage_identity import digest
 
     key = digest(identity)
     log_name = _log_name(args) or f"mixture/{stage.name}"

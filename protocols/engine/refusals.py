@@ -7,7 +7,7 @@ command line, or SHIFTGEN_TRACEBACK=1, shows the traceback too; `--debug` still 
 appends it to that stage's `stage.log`) and the process exits
 non-zero: 2 refused, 3 an internal error (a defect), 143 stopped by SIGTERM -- Lightning's `SIGTERMException` has no
 exit code, so without this a preempted or timed-out stage ended the protocol with exit code 0 (issue 49). Library
-callers (tests, `protocols.grid`) call `main()` itself and get the exception.
+callers (tests, `protocols.w2s.grid`) call `main()` itself and get the exception.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 from typing import Any, Callable, NoReturn, Optional
 
 from command_errors import exit_with, run_command
-from protocols.run_files import close_process_group
+from protocols.engine.run_files import close_process_group
 
 INTERRUPTED = ("the stage that was running did not finish; rerun the same command: "
                "finished stages are reused and the interrupted one runs again")
@@ -33,7 +33,8 @@ def run_main(main: Callable[[Optional[list[str]]], Any], exit_code: Callable[[An
 
 def _module_name() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) or os.path.basename(sys.argv[0])
+    name = getattr(spec, "name", None)  # `python -m protocols.w2s` runs protocols.w2s.__main__
+    return name.removesuffix(".__main__") if name else os.path.basename(sys.argv[0])
 
 
 def stage_log_of(err: BaseException) -> Optional[str]:

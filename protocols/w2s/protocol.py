@@ -13,10 +13,10 @@ Every stage is an ordinary `cli.py fit` + `cli.py test` (its command lines are w
 stage can be re-run by hand). Before any training, every stage of every seed and method is parsed with `cli.py`'s
 parser and validated. A stage writes `result.json` atomically when it is complete, with its identity (resolved
 configuration, checkpoint choice, upstream stages, the contents of the data files it reads:
-`protocols.stage_identity`, `protocols.data_identity`); a re-run reuses a finished stage of the same identity, refuses
+`protocols.engine.stage_identity`, `protocols.engine.data_identity`); a re-run reuses a finished stage of the same identity, refuses
 one of another identity (naming the differing keys or files) unless `--force` (every stage) or `--force <stage> ...`
 names it, and a crash loses nothing already finished (docs/reruns.md). One run per out_dir at a time
-(`<out_dir>/.lock`); under DDP every rank trains and tests, only global rank 0 writes (`protocols.run_files`). The
+(`<out_dir>/.lock`); under DDP every rank trains and tests, only global rank 0 writes (`protocols.engine.run_files`). The
 tables, figures and TensorBoard summaries are published as one set, `<out_dir>/results/`, swapped in at once.
 Several seeds per method are reported as mean ± std.
 
@@ -39,19 +39,19 @@ from datamodules.atomic_files import atomic_write_json
 from protocols.engine import cluster, command, local
 from protocols.engine.quiet import output_to
 from protocols.engine.spec import StageSpec
-from protocols.published_set import set_state
-from protocols.rank_errors import on_rank_zero
-from protocols.run_files import read_json
-from protocols.stage_identity import ForceSpec, StageChangedError  # noqa: F401 -- callers catch it from here
-from protocols.teacher_search import TeacherSearch
-from protocols.w2s_config import Method, W2SProtocol
-from protocols.w2s_fit import checkpoint_step, release_stores, run_stage, run_test_stage  # noqa: F401 -- checkpoint_step: public
-from protocols.w2s_publish import claim_results, publish_results, results_dir
-from protocols.w2s_stages import (
+from protocols.engine.published_set import set_state
+from protocols.engine.rank_errors import on_rank_zero
+from protocols.engine.run_files import read_json
+from protocols.engine.stage_identity import ForceSpec, StageChangedError  # noqa: F401 -- callers catch it from here
+from protocols.w2s.teacher_search import TeacherSearch
+from protocols.w2s.config import Method, W2SProtocol
+from protocols.w2s.fit import checkpoint_step, release_stores, run_stage, run_test_stage  # noqa: F401 -- checkpoint_step: public
+from protocols.w2s.publish import claim_results, publish_results, results_dir
+from protocols.w2s.stages import (
     ceiling_results_path, clear_stage_dir, evaluated_stage, identity_of, plan_stages, stage_changes, stage_key,
     upstream_args, upstream_identity,
 )
-from protocols.w2s_validate import prepare
+from protocols.w2s.validate import prepare
 
 
 class W2SHooks(command.Run):
@@ -210,8 +210,3 @@ def main(args: Optional[list[str]] = None) -> Any:
     that stage's result) or the status rows (--status, --launcher slurm)."""
     return command.main(COMMAND, args)
 
-
-if __name__ == "__main__":
-    from protocols.refusals import run_main
-
-    run_main(main)

@@ -1,6 +1,6 @@
 """Where a trained reward model follows the rule and where the artifact, per split (issue 10; docs/results.md):
 
-    python -m protocols.teacher_structure --ckpt runs/w2s_demo/seed0/teacher/<...>.ckpt \
+    python -m protocols.w2s.teacher_structure --ckpt runs/w2s_demo/seed0/teacher/<...>.ckpt \
         --data_config configs/data/synth_helpful.yaml [--source_options '{...}'] [--seed 0]
 
 For the student half and every test split of a synthetic benchmark: accuracy on all pairs, on the pairs with the
@@ -82,6 +82,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)

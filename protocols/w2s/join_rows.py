@@ -1,6 +1,6 @@
 """One table from rows of several finished protocol runs of the same teacher and data (issue 10's ablations):
 
-    python -m protocols.join_rows --row runs/w2s_small_vocab:naive --row runs/w2s_small_vocab_ablations:naive_hard
+    python -m protocols.w2s.join_rows --row runs/w2s_small_vocab:naive --row runs/w2s_small_vocab_ablations:naive_hard
 
 Each `--row OUT_DIR:METHOD` takes that method's row from `<OUT_DIR>/results.json`; every row is cut to the seeds all
 rows share (or `--seeds`), then shown as mean ± std with the per-seed values of NTS. Rows of different teachers or
@@ -13,7 +13,7 @@ import os
 import statistics
 from typing import Optional
 
-from protocols.published_set import find_set, load_published
+from protocols.engine.published_set import find_set, load_published
 
 
 def load_row(spec: str) -> tuple[str, dict, dict]:
@@ -67,6 +67,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)

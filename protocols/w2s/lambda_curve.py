@@ -1,6 +1,6 @@
 """ID accuracy and NTS against ANCHOR's λ, from a finished protocol run (issue 10's ablation; docs/results.md):
 
-    python -m protocols.lambda_curve --out_dir runs/w2s_small_vocab --out_dir runs/w2s_small_vocab_ablations
+    python -m protocols.w2s.lambda_curve --out_dir runs/w2s_small_vocab --out_dir runs/w2s_small_vocab_ablations
 
 Reads `<out_dir>/results.json` and `protocol.json` of each run (runs of the same teacher and data: several out_dirs
 let an ablation reuse the main run's λ = 0 and λ = 100 instead of training them again); the curve is every method
@@ -18,7 +18,7 @@ import os
 import statistics
 
 from datamodules.atomic_files import atomic_write
-from protocols.published_set import find_set, load_published
+from protocols.engine.published_set import find_set, load_published
 
 
 def curve_methods(protocol: dict) -> list[tuple[float, str]]:
@@ -133,6 +133,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    from protocols.refusals import run_main
+    from protocols.engine.refusals import run_main
 
     run_main(main)
