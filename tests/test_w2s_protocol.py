@@ -381,7 +381,8 @@ def test_report_intervals_are_student_t_over_seeds():
 
 
 def test_report_correlates_drift_with_ood_accuracy_over_weak_label_students_only():
-    from protocols.w2s.report import aggregate, drift_ood_correlation
+    from protocols.w2s.figures import drift_ood_correlation
+    from protocols.w2s.report import aggregate
 
     def stage(ood, mse):
         st = _stage((85.0, ood), (80.0, 50.0))
@@ -403,7 +404,7 @@ def test_report_correlates_drift_with_ood_accuracy_over_weak_label_students_only
 
 
 def test_report_tabulates_the_teachers_label_structure_per_seed():
-    from protocols.w2s.report import teacher_label_structure, teacher_label_table
+    from protocols.w2s.teacher_report import teacher_label_structure, teacher_label_table
 
     labels = {"pairs": 800, "error_rate": 0.14, "confidence_when_wrong": 0.71, "confidence_when_right": 0.93,
               "errors_with_artifact_on_rejected": 0.8}

@@ -156,7 +156,7 @@ def test_figures_name_their_units_and_annotate_the_accuracies(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from protocols.w2s.report import aog_heatmap, drift_label
+    from protocols.w2s.figures import aog_heatmap, drift_label
 
     _, _, results = _run(tmp_path)
     table = results["rows"]

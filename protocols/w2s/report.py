@@ -14,6 +14,11 @@ from typing import Any, Optional
 
 from datamodules.atomic_files import atomic_write, atomic_write_json
 from protocols.engine.stats import ci95, mean_std, percent  # noqa: F401 -- used here and by its readers
+from protocols.w2s.figures import correlation_line, drift_ood_correlation, headline_drift_keys, write_figures
+from protocols.w2s.teacher_report import (
+    WEAK_LABEL_METHODS_EXCLUDED, teacher_label_structure, teacher_label_table, teacher_recipe, teacher_recipe_markdown,
+    teacher_structure_markdown,
+)
 
 
 OOD_ACC_MEAN = "acc_ood_mean"  # the mean over OOD targets of a row's accuracy (not "acc/...": no split of that name)
@@ -80,15 +85,6 @@ def display_columns(id_source: str, targets: list[str], has_pgr: bool, drift_key
         cols.append(("pgr", "PGR"))
     cols += [(k, f"OOD drift {k.split('/')[2]} ({k.split('/')[3]})") for k in drift_keys]
     return cols
-
-
-def headline_drift_keys(table: dict) -> list[str]:
-    """The OOD-mean drift at the deepest measured layer: MSE and CKA (the results-table columns)."""
-    keys = {k for row in table.values() for k in row if k.startswith("drift/ood_mean/")}
-    if not keys:
-        return []
-    deepest = max(int(k.rsplit("layer", 1)[1]) for k in keys)
-    return [k for k in (f"drift/ood_mean/mse/layer{deepest}", f"drift/ood_mean/cka/layer{deepest}") if k in keys]
 
 
 def fmt(cell: dict | None, key: str) -> str:
@@ -234,7 +230,6 @@ def method_seconds(p, stages_raw: dict[str, dict[int, dict]]) -> dict[str, dict]
 WHAT_TO_LOOK_FOR = ("What to look for: the paper's failure is a weak-label student with WRG > 0 (it beats its teacher "
                     "in-distribution) and some AOG < 0 (it falls below the teacher out of distribution); ANCHOR "
                     "should keep the WRG and lift the NTS.")
-WEAK_LABEL_METHODS_EXCLUDED = ("teacher", "ceiling")
 
 
 def outside_models_line(p) -> str:
@@ -250,75 +245,6 @@ def outside_models_line(p) -> str:
         parts.append(f"`{zero_shot_name(spec)}` is `{spec}`, tested zero-shot (no training): its WRG / AOG / NTS "
                      "are against the teacher on the same pairs")
     return ("Outside models: " + "; ".join(parts) + ".") if parts else ""
-
-
-def teacher_recipe(raw: dict[str, dict[int, dict]]) -> tuple[dict[int, dict], dict[int, dict]]:
-    """Per seed, the teacher search's record (`protocols.w2s.teacher_search`) and the chosen teacher's structure read
-    with the shortcut probe (`protocols.w2s.shortcut_probe.measure`); empty when the teacher was fitted once."""
-    searches, structures = {}, {}
-    for seed, stage in sorted((raw.get("teacher") or {}).items()):
-        if "teacher_search" in stage:
-            searches[seed] = stage["teacher_search"]
-        if "teacher_structure" in stage:
-            structures[seed] = stage["teacher_structure"]
-    return searches, structures
-
-
-def teacher_recipe_markdown(searches: dict[int, dict]) -> str:
-    """What the teacher search chose per seed and why (above the table: a list, so the table stays the first)."""
-    from protocols.w2s.teacher_search import search_markdown
-
-    if not searches:
-        return ""
-    return "\n".join(["The weak teacher's recipe, searched per seed on the validation split "
-                      "(`protocols.w2s.teacher_search`; docs/teacher_structure.md):", search_markdown(searches)])
-
-
-def teacher_structure_markdown(structures: dict[int, dict]) -> str:
-    """The chosen teacher's structure per seed and split (below the table)."""
-    lines: list[str] = []
-    if structures:
-        lines += ["The chosen teacher's structure (shortcut probe fitted on the teacher half; test splits "
-                  "reported, never searched on): accuracy on the pairs where the probe is wrong, and the share "
-                  "of its errors that are there (beside the share of such pairs).", "",
-                  "| seed | split | teacher acc | right where the probe is wrong (pairs) | errors there / all errors "
-                  "| probe-wrong share of pairs |", "|---|---|---|---|---|---|"]
-        for seed, m in sorted(structures.items()):
-            for split, st in m["structure"].items():
-                lines.append(f"| {seed} | {split} | {percent(st['teacher_acc'])} | "
-                             f"{percent(st['probe_wrong']['teacher_acc'])} ({st['probe_wrong']['pairs']}) | "
-                             f"{percent(st['shortcut_error_share'])} ({st['shortcut_errors']}/{st['teacher_errors']}) | "
-                             f"{percent(st['probe_wrong_share'])} |")
-    return "\n".join(lines)
-
-
-def teacher_label_structure(raw: dict[str, dict[int, dict]]) -> dict[int, dict]:
-    """Per seed, the teacher's error structure on the student half (`datamodules.preference.label_diagnostics`),
-    as the first weak-label stage of that seed recorded it."""
-    out: dict[int, dict] = {}
-    for method, per_seed in raw.items():
-        if method in WEAK_LABEL_METHODS_EXCLUDED:
-            continue
-        for seed, stage in per_seed.items():
-            if "teacher_labels" in stage and seed not in out:
-                out[seed] = stage["teacher_labels"]
-    return dict(sorted(out.items()))
-
-
-def teacher_label_table(structure: dict[int, dict]) -> str:
-    if not structure:
-        return ""
-    cols = [("error_rate", "error rate"), ("errors_with_artifact_on_rejected", "errors with the artifact on rejected"),
-            ("error_rate_artifact_on_rejected", "error rate, artifact on rejected"),
-            ("error_rate_artifact_on_chosen", "error rate, artifact on chosen"),
-            ("agreement_with_artifact", "labels agree with the artifact"),
-            ("confidence_when_wrong", "confidence when wrong"), ("confidence_when_right", "confidence when right")]
-    cols = [(k, name) for k, name in cols if any(k in d for d in structure.values())]
-    lines = ["The teacher's labels on the student half (shares; confidence = max(P, 1 − P)):", "",
-             "| seed | " + " | ".join(name for _, name in cols) + " |", "|---|" + "---|" * len(cols)]
-    for seed, d in structure.items():
-        lines.append(f"| {seed} | " + " | ".join(f"{d[k]:.3f}" if k in d else "–" for k, _ in cols) + " |")
-    return "\n".join(lines)
 
 
 def interval_table(table: dict, targets: list[str]) -> str:
@@ -340,51 +266,6 @@ def interval_table(table: dict, targets: list[str]) -> str:
             cells.append(f"{cell['mean']:+.1f}{interval} ({seeds})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _pearson(xs: list[float], ys: list[float]) -> Optional[float]:
-    if len(xs) < 3 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
-        return None
-    return statistics.correlation(xs, ys)
-
-
-def drift_ood_correlation(table: dict, targets: list[str]) -> Optional[dict]:
-    """Pearson r between the headline OOD drift (MSE at the deepest layer) and mean OOD accuracy over the weak-label
-    students: per seed (across methods) and pooled over every (method, seed) point. The gold ceiling is left out:
-    it learns from other labels, so its drift answers another question."""
-    keys = headline_drift_keys(table)
-    if not keys:
-        return None
-    key = keys[0]
-    methods = [m for m in table if m not in WEAK_LABEL_METHODS_EXCLUDED and key in table[m]]
-    points: dict[int, list[tuple[float, float]]] = {}
-    for m in methods:
-        for seed, drift, ood in drift_points(table[m], targets, key):
-            points.setdefault(seed, []).append((drift, ood))
-    per_seed = {seed: _pearson([d for d, _ in pts], [a for _, a in pts]) for seed, pts in sorted(points.items())}
-    pooled = [pt for pts in points.values() for pt in pts]
-    return {"drift_key": key, "methods": methods, "per_seed": per_seed,
-            "pooled": _pearson([d for d, _ in pooled], [a for _, a in pooled]), "points": len(pooled)}
-
-
-def drift_points(row: dict, targets: list[str], drift_key: str) -> list[tuple[int, float, float]]:
-    """(seed, drift, mean OOD accuracy) for every seed of one method's row that has both."""
-    out = []
-    for seed, drift in sorted(row[drift_key]["per_seed"].items()):
-        accs = [row[f"acc/{t}"]["per_seed"].get(seed) for t in targets]
-        if all(a is not None for a in accs):
-            out.append((seed, drift, statistics.fmean(accs)))
-    return out
-
-
-def correlation_line(c: Optional[dict]) -> str:
-    if not c:
-        return ""
-    show = lambda r: "–" if r is None else f"{r:+.2f}"
-    seeds = ", ".join(f"seed {s}: {show(r)}" for s, r in c["per_seed"].items())
-    return (f"Drift ({c['drift_key'].replace('drift/', '')}) vs mean OOD accuracy over the weak-label students "
-            f"({', '.join(c['methods'])}): Pearson r pooled over {c['points']} points {show(c['pooled'])}; "
-            f"per seed {seeds}. Negative = more drift goes with lower OOD accuracy.")
 
 
 # The protocol's outputs form one set, `<out_dir>/results/` (`run_files.publish_set`); these stable names in out_dir
@@ -517,103 +398,3 @@ def column_units(cols: list[tuple[str, str]]) -> dict[str, str]:
     return {key: unit(key) for key, _ in cols}
 
 
-def _mean(row: dict, key: str) -> float:
-    return (row.get(key) or {"mean": float("nan")})["mean"]
-
-
-def write_figures(out_dir: str, table: dict, targets: list[str]) -> None:
-    """AOG heatmap (method × target, each cell with the accuracies it is the difference of), NTS bars, and drift vs
-    mean OOD accuracy, to TensorBoard and PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from torch.utils.tensorboard import SummaryWriter
-
-    methods = [m for m in table if m != "teacher"]
-    if not methods:
-        return
-    fig_dir = os.path.join(out_dir, "figures")
-    os.makedirs(fig_dir, exist_ok=True)
-    writer = SummaryWriter(os.path.join(out_dir, "summary"))
-    figures = {}
-
-    figures["aog_heatmap"] = aog_heatmap(plt, table, methods, targets)
-
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.8 * len(methods)), 3.6))
-    means = [table[m]["nts"]["mean"] for m in methods]
-    stds = [table[m]["nts"]["std"] or 0.0 for m in methods]  # one seed: no error bar
-    ax.bar(range(len(methods)), means, yerr=stds, color=["tab:green" if v >= 0 else "tab:red" for v in means])
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
-    ax.set_xlabel("method")
-    ax.set_ylabel("NTS (percent points)")
-    spread = "" if all(table[m]["nts"]["std"] is None for m in methods) else "\n(error bars: std over seeds)"
-    ax.set_title(f"Net transfer score: mean AOG − any ID loss\nagainst the teacher{spread}", fontsize=9)
-    fig.tight_layout()
-    figures["nts_bars"] = fig
-
-    drift_keys = headline_drift_keys(table)
-    if drift_keys:
-        figures["drift_vs_ood"] = drift_figure(plt, table, targets, drift_keys[0])
-
-    for name, fig in figures.items():
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=120)
-        atomic_write(os.path.join(fig_dir, f"{name}.png"), png.getvalue())
-        writer.add_figure(f"w2s/{name}", fig)
-        plt.close(fig)
-    writer.close()
-
-
-def aog_heatmap(plt, table: dict, methods: list[str], targets: list[str]):
-    """AOG per method and target (colour), each cell annotated with the gain and the teacher → row OOD accuracies
-    it is the difference of (the row's own teacher accuracy on its pairs; the teacher row's when it has none)."""
-    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(targets), 1.2 + 0.55 * len(methods)))
-    grid = [[_mean(table[m], f"aog/{t}") for t in targets] for m in methods]
-    lim = max([abs(v) for row in grid for v in row if not math.isnan(v)] + [1.0])
-    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xticks(range(len(targets)), targets, rotation=20, ha="right")
-    ax.set_yticks(range(len(methods)), methods)
-    teacher = table.get("teacher") or {}
-    for i, m in enumerate(methods):
-        for j, t in enumerate(targets):
-            before = table[m].get(f"teacher_acc/{t}") or teacher.get(f"acc/{t}") or {"mean": float("nan")}
-            dark = abs(grid[i][j]) > 0.6 * lim  # the colour map's ends: white text stays readable there
-            ax.text(j, i, f"{grid[i][j]:+.1f}\n{before['mean']:.0f}% → {_mean(table[m], f'acc/{t}'):.0f}%",
-                    ha="center", va="center", fontsize=7, color="white" if dark else "black")
-    fig.colorbar(im, ax=ax, label="AOG (percent points)")
-    ax.set_xlabel("OOD target")
-    ax.set_ylabel("method")
-    ax.set_title("AOG: the row's OOD accuracy − the teacher's\n(cell: AOG, then teacher → row accuracy)", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def drift_figure(plt, table: dict, targets: list[str], drift_key: str):
-    """Left: every weak-label student, one point per seed (the correlation's data). Right: the gold ceiling, whose
-    drift comes from other labels, on its own panel so it does not set the left panel's trend."""
-    fig, (ax, ax_gold) = plt.subplots(1, 2, figsize=(7.5, 3.5), gridspec_kw={"width_ratios": [3, 1]})
-    for m in table:
-        if m == "teacher" or drift_key not in table[m]:
-            continue
-        points = drift_points(table[m], targets, drift_key)
-        (ax_gold if m == "ceiling" else ax).scatter([d for _, d, _ in points], [a for _, _, a in points], label=m, s=18)
-    label = drift_label(drift_key)
-    ax.set_xlabel(label, fontsize=8)
-    ax.set_ylabel("mean OOD accuracy (%)")
-    ax.set_title("Weak-label students (one point per seed)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax_gold.set_title("Gold ceiling", fontsize=9)
-    ax_gold.set_xlabel("the same drift measure", fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def drift_label(drift_key: str) -> str:
-    """An axis label for a drift key `drift/ood_mean/<measure>/layer<k>`."""
-    parts = drift_key.split("/")
-    measure, layer = (parts[2], parts[3]) if len(parts) == 4 else (drift_key, "")
-    what = {"mse": "mean squared distance to the initial weights", "cka": "CKA similarity to the initial weights",
-            "cosine": "cosine to the initial weights"}.get(measure, measure)
-    return f"OOD drift: {what}, hidden layer {layer.replace('layer', '')} (mean over targets)"
