@@ -1,13 +1,15 @@
 """The stage engine on a protocol made up here (no model, no Lightning): its decisions, its parallel runner, its
 progress lines and its local status; then the W2S protocol's progress lines and `--status` on a tiny run."""
+import json
 import os
 import re
+import socket
 import threading
 import time
 
 import pytest
 
-from protocols.engine import local
+from protocols.engine import command, local
 from protocols.engine.progress import Progress
 from protocols.engine.spec import StageSpec, stage_folder
 from protocols.engine.status import lock_holder, stage_rows
@@ -242,3 +244,49 @@ def test_a_w2s_run_prints_one_line_per_stage_and_keeps_lightnings_output_in_each
     status = capfd.readouterr().out
     assert "| seed0/naive | not started |" in status
     assert "| collect | stale (seed0/naive is gone (no seed0/naive/result.json)) |" in status
+
+
+class FolderStage:
+    """A stage as `command.Run`'s defaults read it: a folder and the result file written when it finished."""
+
+    def __init__(self, folder):
+        self.dir, self.result_path = str(folder), os.path.join(str(folder), "result.json")
+
+
+class FileHooks(command.Run):
+    """Hooks that give only what differs (`specs`, `identity`, `run`): every other hook is `command.Run`'s default."""
+
+    label, collect_after, root = "files", "afterok", ""
+
+    def __init__(self, root):
+        self.root, self.ran = str(root), []
+
+    def identity(self, spec, upstream):
+        return {"config": {"name": spec.name}}
+
+    def run(self, spec, upstream, identity, forced):
+        self.ran.append(spec.key)
+        result = {"identity": identity, "run": spec.key}
+        os.makedirs(spec.stage.dir, exist_ok=True)
+        with open(spec.stage.result_path, "w") as f:
+            json.dump(result, f)
+        return result
+
+    def table_state(self):
+        return os.path.join(self.root, "table.json"), ""
+
+
+def test_the_run_defaults_find_a_finished_stage_and_the_engine_sweeps_its_folder_before_reusing_it(tmp_path):
+    from tests.test_data_checks import dead_pid
+
+    hooks = FileHooks(tmp_path)
+    specs = [StageSpec("seed0/fit", 0, "fit", (), FolderStage(tmp_path / "seed0" / "fit"))]
+    first = local.run_local(specs, hooks, ForceSpec(None))
+    assert hooks.ran == ["seed0/fit"] and hooks.finished(specs[0]) == first["seed0/fit"]
+    assert hooks.log_of(specs[0]) == str(tmp_path / "seed0" / "fit" / "stage.log")
+    orphan = tmp_path / "seed0" / "fit" / f"result.json.tmp-{socket.gethostname()}-{dead_pid()}"
+    orphan.write_text("{")  # a writer killed mid-write beside the finished result
+    again = local.run_local(specs, hooks, ForceSpec(None))
+    assert again == first and hooks.ran == ["seed0/fit"]  # reused, not rerun
+    assert not orphan.exists()
+    assert hooks.changes(specs[0], first["seed0/fit"], {"config": {"name": "other"}}) == ["config.name: 'fit' → 'other'"]

@@ -6,6 +6,7 @@ every stage here, under the run's lock (`<root>/.lock`; docs/cluster.md, docs/re
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from protocols.engine.progress import Progress
 from protocols.engine.slurm_options import SlurmOptions, add_slurm_arguments, options_from_args
 from protocols.engine.spec import StageSpec
 from protocols.engine.status import print_status, stage_rows
-from protocols.engine.run_files import OutDirLock, is_global_zero
-from protocols.engine.stage_identity import ForceSpec
+from protocols.engine.run_files import OutDirLock, is_global_zero, read_json
+from protocols.engine.stage_identity import ForceSpec, identity_changes
 
 ONE_OF = ("status", "collect", "stage")
 
@@ -39,10 +40,40 @@ class Modes:
 
 
 class Run:
-    """The command line's side of a protocol's hooks (its hooks class inherits it): the stages, and what a run does
-    differently (by default: nothing)."""
+    """The base of a protocol's hooks: the stages (`specs`, which it must give), and defaults for every hook whose
+    usual answer needs nothing of the protocol. By default a stage's `StageSpec.stage` has `dir` (its folder) and
+    `result_path` (its result file, written only when it finished); its output goes to `<dir>/stage.log`; a failure
+    raises (nothing stands for an unfinished stage: no record, no stand-in, nothing blocked); a reused stage is
+    taken as it is, and its identity compares by `identity_changes`. A protocol overrides only what differs."""
 
     workers = 1  # stages at once in a local run (the mixture's are subprocesses; W2S fits in this process)
+
+    def where(self, spec: StageSpec) -> str:
+        return spec.stage.dir
+
+    def result_file(self, spec: StageSpec) -> str:
+        return spec.stage.result_path
+
+    def finished(self, spec: StageSpec) -> Optional[dict]:
+        return read_json(self.result_file(spec))
+
+    def recorded(self, spec: StageSpec) -> Optional[dict]:
+        return None
+
+    def missing(self, spec: StageSpec) -> Optional[dict]:
+        return None
+
+    def blocked(self, spec: StageSpec, upstream: dict[str, dict]) -> Optional[dict]:
+        return None
+
+    def changes(self, spec: StageSpec, finished: dict, identity: dict) -> list[str]:
+        return identity_changes(finished, identity)
+
+    def reuse(self, spec: StageSpec, finished: dict, identity: dict) -> dict:
+        return finished
+
+    def log_of(self, spec: StageSpec) -> Optional[str]:
+        return os.path.join(self.where(spec), "stage.log")
 
     def specs(self, force: ForceSpec, only: Optional[set[str]] = None, planned: bool = False) -> list[StageSpec]:
         """Every stage, validated before any work (`only`: just these keys; `planned`: none, for `--status`)."""

@@ -116,7 +116,7 @@ def _one(spec: StageSpec, hooks: Hooks, results: dict[str, dict], force: ForceSp
 def _settle(spec: StageSpec, hooks: Hooks, action: str, result: dict, identity: dict, progress: Progress) -> dict:
     """The result of a stage that does not run: reused (the protocol may refresh its record) or blocked."""
     if action == "reuse":
-        result = hooks.reuse(spec, result, identity)
+        result = reuse(hooks, spec, result, identity)
     progress.settled(spec, action, result)
     return result
 
@@ -271,7 +271,7 @@ def results_on_disk(specs: list[StageSpec], hooks: Hooks) -> dict[str, dict]:
             diff = hooks.changes(spec, finished, identity)
             if diff:
                 raise refusal([(hooks.where(spec), diff)])
-            results[spec.key] = hooks.reuse(spec, finished, identity)
+            results[spec.key] = reuse(hooks, spec, finished, identity)
             continue
         recorded = hooks.recorded(spec) or hooks.missing(spec)
         if recorded is None:
@@ -281,6 +281,16 @@ def results_on_disk(specs: list[StageSpec], hooks: Hooks) -> dict[str, dict]:
     if missing:
         raise RuntimeError(f"--collect: {len(missing)} stage(s) have not finished: {missing} (--status shows why)")
     return results
+
+
+def reuse(hooks: Hooks, spec: StageSpec, finished: dict, identity: dict) -> dict:
+    """A finished stage taken as it is: the temp files a dead writer left beside its result go first (this run
+    reads that folder), then the protocol may refresh its record (`hooks.reuse`). A protocol without
+    `result_file` (it is optional) sweeps nothing."""
+    result_file = getattr(hooks, "result_file", None)
+    if result_file is not None:
+        sweep(os.path.dirname(result_file(spec)))
+    return hooks.reuse(spec, finished, identity)
 
 
 def sweep(folder: str) -> None:

@@ -62,7 +62,7 @@ OPTIONS = (
 )
 
 
-class MixtureRun(MixtureHooks, command.Run):
+class MixtureRun(MixtureHooks):
     """One experiment over seeds: up to `workers` (`--jobs`) stages at once; the command prints the report and exits
     1 when a stage failed."""
 

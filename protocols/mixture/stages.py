@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from protocols.engine import children, local
+from protocols.engine import children, command
 from protocols.engine.cluster import collecting_job
 from protocols.engine.spec import StageSpec
 from protocols.engine.published_set import stage_entry
-from protocols.engine.stage_identity import digest, identity_changes
+from protocols.engine.stage_identity import digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -47,7 +47,7 @@ class Experiment:
     question_fixtures: bool = False  # ARC / RACE: generate hub-schema question files and pass --data.question_dirs
 
 
-class MixtureHooks:
+class MixtureHooks(command.Run):
     """One experiment's run: its stages of every seed, the extra `cli.py` arguments (`--set`, `--sft-set`), the
     threads per stage, the generated question folders, and the report's name."""
 
@@ -115,9 +115,6 @@ class MixtureHooks:
         extra = self.extra.get("sft" if spec.stage.sft else "rl", [])
         return stage_args(spec.stage, spec.seed, extra, self.question_dirs)
 
-    def changes(self, spec: StageSpec, finished: dict, identity: dict) -> list[str]:
-        return identity_changes(finished, identity)
-
     def log_of(self, spec: StageSpec) -> Optional[str]:
         return os.path.join(self.seed_dir(spec), "stages", f"{spec.name}.log")
 
@@ -129,7 +126,6 @@ class MixtureHooks:
 
     # ---- what the engine asks it to do
     def reuse(self, spec: StageSpec, finished: dict, identity: dict) -> dict:
-        local.sweep(os.path.dirname(self.record(spec)))  # a dead writer's temps in a folder this run reads
         key = digest(identity)
         if finished.get("digest") != key:  # options added at their defaults: the same run, under today's identity
             finished = dict(finished, identity=identity, digest=key, run=_run_of(finished))

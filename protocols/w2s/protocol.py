@@ -36,12 +36,11 @@ from dataclasses import asdict, fields
 from typing import Any, Optional
 
 from datamodules.atomic_files import atomic_write_json
-from protocols.engine import cluster, command, local
+from protocols.engine import cluster, command
 from protocols.engine.quiet import output_to
 from protocols.engine.spec import StageSpec
 from protocols.engine.published_set import set_state
 from protocols.engine.rank_errors import on_rank_zero
-from protocols.engine.run_files import read_json
 from protocols.engine.stage_identity import ForceSpec, StageChangedError  # noqa: F401 -- callers catch it from here
 from protocols.w2s.teacher_search import TeacherSearch
 from protocols.w2s.config import Method, W2SProtocol
@@ -57,7 +56,7 @@ from protocols.w2s.validate import prepare
 class W2SHooks(command.Run):
     """The W2S protocol's side of the stage engine. A stage is `seed<k>/<name>` in `<out_dir>/seed<k>/<name>/`, done
     when its `result.json` is there; a failure raises (the collecting job runs `afterok`); a stage's own output goes
-    to its `stage.log` unless `verbose`. Its stages are validated before any work (`prepare`), its table claimed
+    to its `stage.log` unless `verbose` (all `command.Run`'s defaults). Its stages are validated before any work (`prepare`), its table claimed
     before it is published (`replace_results`: over another configuration's set), a seed's stores freed after it."""
 
     label = "w2s"
@@ -74,42 +73,17 @@ class W2SHooks(command.Run):
         return [StageSpec(stage_key(s), s.seed, s.name, tuple(f"seed{s.seed}/{u}" for u in s.upstream), s)
                 for s in (plan_stages(self.p) if planned else prepare(self.p, force, only))]
 
-    def where(self, spec: StageSpec) -> str:
-        return spec.stage.dir
-
-    def finished(self, spec: StageSpec) -> Optional[dict]:
-        return read_json(spec.stage.result_path)
-
-    def result_file(self, spec: StageSpec) -> str:
-        return spec.stage.result_path
-
-    def recorded(self, spec: StageSpec) -> Optional[dict]:
-        return None  # a W2S stage records its result only when it finished
-
-    def missing(self, spec: StageSpec) -> Optional[dict]:
-        return None  # an unfinished stage has no row: --collect refuses, naming it
-
-    def blocked(self, spec: StageSpec, upstream: dict[str, dict]) -> Optional[dict]:
-        return None  # a failed W2S stage raises: nothing downstream is reached
-
     def identity(self, spec: StageSpec, upstream: dict[str, dict]) -> dict:
         return identity_of(spec.stage, upstream_identity(spec.stage, _done(spec, upstream)) if upstream else {})
 
     def changes(self, spec: StageSpec, finished: dict, identity: dict) -> list[str]:
         return stage_changes(spec.stage, finished, identity)
 
-    def log_of(self, spec: StageSpec) -> Optional[str]:
-        return os.path.join(spec.stage.dir, "stage.log")
-
     def table_state(self) -> tuple[str, str]:
         state, detail = set_state(results_dir(self.p))
         return os.path.join(results_dir(self.p), "results.json"), detail if state == "stale" else ""
 
     # ---- what the engine asks it to do
-    def reuse(self, spec: StageSpec, finished: dict, identity: dict) -> dict:
-        local.sweep(spec.stage.dir)  # a dead writer's temps in a folder this run reads
-        return finished
-
     def run(self, spec: StageSpec, upstream: dict[str, dict], identity: dict, forced: bool) -> dict:
         stage, done = spec.stage, _done(spec, upstream)
         on_rank_zero(f"clear {stage.dir}", clear_stage_dir, stage.dir)  # the engine withdrew the sets reading it
