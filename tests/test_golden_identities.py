@@ -48,6 +48,24 @@ ADDED_SINCE_PIN = {
 }
 
 
+# Stage identities changed on purpose since the pin (the fixture holds their new digests), and why.
+CHANGED_BY_DESIGN = {
+    "one fit per trajectory (issue 51 item 5)": (
+        "a method that reads another's fit (`trajectory`: naive reads early_stop, anchor@λ anchor_early_stop@λ): its "
+        "stages evaluate that fit's final weights, so their identity is the source's configuration, checkpoint "
+        "'last', the source stage upstream and `trajectory`; and the stages that evaluate or average such a row's "
+        "checkpoints (WiSE-FT `from_method`, a weight-averaging `ensemble` led by it), whose model options are now "
+        "the fit's (the source method's, with its --trainer.val_check_interval)"),
+}
+
+
+def changed_by_design(p) -> set[str]:
+    """The methods whose stages `CHANGED_BY_DESIGN` names, as the code plans them (`stages.fitted`)."""
+    readers = {m.name for m in p.methods if m.trajectory}
+    return readers | {m.name for m in p.methods if m.from_method in readers
+                      or (m.ensemble or {}).get("by") == "weights" and m.ensemble["of"][0] in readers}
+
+
 def _without_added_defaults(identity: dict) -> dict:
     from protocols.engine.stage_identity import declared_default
 
@@ -187,3 +205,12 @@ def test_placeholders_make_the_digest_independent_of_where_the_repository_lies()
     moved = {"data": {"files": {"/elsewhere/tokenizer/vocab.json": "12 bytes sha256:ab"}}}
     assert _normalised_digest(identity) != digest(identity)
     assert _normalised_digest(identity) == digest(json.loads(re.sub("/elsewhere", "<repo>", json.dumps(moved))))
+
+
+def test_the_stages_changed_by_design_are_the_readers_and_what_evaluates_them():
+    from protocols.w2s.protocol import parse
+
+    demo = parse(["--config", os.path.join(ROOT, "configs/experiment/w2s_demo.yaml")])
+    assert changed_by_design(demo) == {"naive", "anchor", "wise_ft"}
+    baselines = parse(["--config", os.path.join(ROOT, "configs/experiment/w2s_baselines.yaml")])
+    assert changed_by_design(baselines) == {"naive", "anchor", "wise_ft", "anchor_wise_ft"}

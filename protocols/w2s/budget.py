@@ -4,6 +4,7 @@ same-step comparison of methods whose every validation was tested (`Method.test_
 A row's **candidates** are the models whose validation score its rule compares: one per fitted stage that keeps its
 last checkpoint, one per validation of a stage that keeps its best (early stopping), one per evaluated variant; a
 method that evaluates a swept method's checkpoints adds that method's candidates (its source is picked first). A
+method that reads another's fit (`trajectory`) costs its evaluations only: the fit is counted in its source's row. A
 rule that picks among more candidates has more chances to fit the validation split's noise, so rows are compared
 at matched budgets (docs/results.md).
 """
@@ -46,6 +47,8 @@ def budget(p, raw: dict[str, dict[int, dict]]) -> dict[str, dict]:
             per_seed.append((seed, {"fits": len(results) - evaluations, "evaluations": evaluations,
                                     "candidates": candidates}))
         out[method] = {"per_seed": dict(per_seed), **_means(dict(per_seed))}
+        if by_name[method].trajectory:  # its fit is counted once, in its source's row
+            out[method]["trajectory"] = by_name[method].trajectory
     for m in p.methods:
         stage = fixed_stage(m, groups)
         if stage is None:
@@ -73,7 +76,8 @@ def budget_markdown(table: dict[str, dict], rows: list[str]) -> str:
         b = table.get(row)
         if b is None:
             continue
-        note = f" (= {b['fixed']['method']} at {b['fixed']['value']}, fixed in advance)" if "fixed" in b else ""
+        note = f" (= {b['fixed']['method']} at {b['fixed']['value']}, fixed in advance)" if "fixed" in b else \
+            f" (the final weights of {b['trajectory']}'s fits)" if "trajectory" in b else ""
         lines.append(f"| {row}{note} | {cell(b['fits'])} | {cell(b['evaluations'])} | {cell(b['candidates'])} |")
     return "\n".join(lines)
 

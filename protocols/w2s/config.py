@@ -54,6 +54,10 @@ class Method:
             teacher (docs/multi_teacher.md). `sweep: {teacher: [teacher, <extra teacher>, ...]}` gives one stage per
             teacher and the row of the best single teacher, picked per seed by the selection rule.
             A multi-teacher objective (`multi_teacher`) reads every extra teacher instead.
+        trajectory: fit nothing: the row is the final weights (`checkpoint: last`) of another method's fit that keeps
+            its `best` (`{name: naive, trajectory: early_stop, checkpoint: last}`): validation does not change a
+            fit's trajectory (docs/w2s.md, one fit per trajectory). A validate + test; a swept source is read value
+            by value, its sweep taken. Nothing but `checkpoint` (and that sweep) may be set beside it.
     """
 
     name: str
@@ -69,8 +73,14 @@ class Method:
     ensemble: Optional[dict] = None
     fixed: Optional[dict] = None
     teacher: Optional[str] = None
+    trajectory: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.trajectory is not None:
+            own = [k for k in self._set_besides("trajectory") if k not in ("checkpoint", "sweep")]
+            if own:
+                raise ValueError(f"method {self.name!r} reads {self.trajectory!r}'s fit (trajectory), whose options "
+                                 f"make it: drop its own {own}")
         if self.ensemble is not None:
             if set(self.ensemble) != {"of", "by"} or self.ensemble["by"] not in ("weights", "predictions") \
                     or not isinstance(self.ensemble["of"], list) or not self.ensemble["of"]:
@@ -126,6 +136,13 @@ class Method:
         short = flag.rsplit(".", 1)[-1]
         return [(f"{self.name}@{short}={value_label(v)}", v,
                  [] if flag == SWEEP_TEACHER else [f"{flag}={json.dumps(v)}"]) for v in self.sweep[flag]]
+
+    def variants_of(self, source: "Method") -> Optional[dict[str, str]]:
+        """A trajectory reader's stage -> the source's stage it reads, value by value; None when the sweeps differ."""
+        if self.sweep_flag != source.sweep_flag or [value_label(v) for v in self.sweep.get(self.sweep_flag, [])] != [
+                value_label(v) for v in source.sweep.get(source.sweep_flag, [])]:
+            return None
+        return {mine[0]: theirs[0] for mine, theirs in zip(self.variants(), source.variants())}
 
     def label_teacher(self, value: Any = None) -> Optional[str]:
         """The teacher whose labels one stage of the method trains on (`value`: its swept value); None: the main."""
@@ -283,6 +300,7 @@ class W2SProtocol:
         reserved = {"teacher", "ceiling"} & set(names)
         if reserved:
             raise ValueError(f"--methods may not be named {sorted(reserved)} (reserved rows)")
+        self._check_trajectories()
         self._check_outside_models(names)
         self.extra_teachers = [e if isinstance(e, ExtraTeacher) else ExtraTeacher(**e) for e in self.extra_teachers]
         self._check_extra_teachers(names)
@@ -354,6 +372,32 @@ class W2SProtocol:
             raise ValueError("--teacher_labeller: give the students' tokenizer in teacher_args "
                              "('--model.tokenizer=<the student's>'): the teacher row's pairs are then the students'")
 
+    def _check_trajectories(self) -> None:
+        """A method that reads another's fit (`Method.trajectory`): its source fits its own students, keeps its best
+        checkpoint where the reader keeps the last, and sweeps what the reader sweeps (a reader that gives no sweep
+        takes the source's)."""
+        by_name = {m.name: m for m in self.methods}
+        fitting = [m.name for m in self.methods if not (m.from_method or m.ensemble is not None
+                                                         or m.fixed is not None or m.trajectory)]
+        for m in self.methods:
+            if m.trajectory is None:
+                continue
+            source = by_name.get(m.trajectory)
+            if m.trajectory not in fitting:
+                raise ValueError(f"method {m.name!r}: trajectory {m.trajectory!r} must name a method that fits its own "
+                                 f"students (not one that evaluates, combines, fixes or reads others'): one of "
+                                 f"{fitting}")
+            kept = (m.checkpoint or self.student_checkpoint, source.checkpoint or self.student_checkpoint)
+            if kept != ("last", "best"):
+                raise ValueError(f"method {m.name!r} keeps the last checkpoint of {source.name!r}'s fit, which must "
+                                 f"keep its best (early stopping): got checkpoint {kept[0]!r} for {m.name!r} and "
+                                 f"{kept[1]!r} for {source.name!r}")
+            if not m.sweep:
+                m.sweep = {flag: list(values) for flag, values in source.sweep.items()}
+            elif m.variants_of(source) is None:
+                raise ValueError(f"method {m.name!r}: its sweep {m.sweep} must be {source.name!r}'s {source.sweep}, "
+                                 "value by value (or left out: it takes the source's)")
+
     @staticmethod
     def _check_fixed(method: Method, earlier: dict[str, Method]) -> None:
         source = earlier.get(method.fixed["method"])
@@ -405,7 +449,7 @@ class W2SProtocol:
             if unknown:
                 raise ValueError(f"method {m.name!r}: teacher(s) {unknown} are not among the teachers {known} "
                                  "('teacher' and the names of --extra_teachers)")
-            if m.from_method is not None:
+            if m.from_method is not None or m.trajectory is not None:
                 continue
             if m.uses_teacher_labels:
                 if asked:

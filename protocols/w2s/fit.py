@@ -11,10 +11,11 @@ import time
 import uuid
 from typing import Any, Optional
 
+from callbacks.trajectory_guard import find_trajectory_guard
 from callbacks.validation_history import find_validation_history
 from datamodules.atomic_files import atomic_write, atomic_write_json, remove_path
 from protocols.engine.rank_errors import on_rank_zero
-from protocols.engine.run_files import is_global_zero
+from protocols.engine.run_files import is_global_zero, read_json
 from protocols.w2s.stages import Stage
 
 
@@ -64,6 +65,11 @@ def run_stage(stage: Stage, args: list[str], identity: dict) -> dict:
         drift = drift_cb.summary(step=checkpoint_step(ckpt)) if drift_cb is not None else None
         teacher_labels = getattr(fit.datamodule, "manifest", {}).get("teacher_labels")  # the weak labels' errors
         history = find_validation_history(fit.trainer)
+        if stage.keep_last:  # what a row reading this fit is (`Method.trajectory`): the final weights, their
+            # drift, and whether validating less often would have trained them otherwise (`drew`, TrajectoryGuard)
+            extra["last"] = {"checkpoint": _final_checkpoint(fit.trainer, stage.dir), "step": fit.trainer.global_step,
+                             "drew": find_trajectory_guard(fit.trainer).drew,
+                             **({"drift": drift_cb.summary()} if drift_cb is not None else {})}
         del fit
     fit_seconds = time.time() - start
     test_args = ["test", *args, *stage.location_args("test"), f"--ckpt_path={ckpt}", "--verbose=false"]
@@ -169,6 +175,10 @@ def run_test_stage(stage: Stage, args: list[str], identity: dict, evaluated: Opt
               "identity": identity, "run": run, "args": args, "pretrained": stage.pretrained}
     if evaluated:
         result["evaluated"] = evaluated
+    if stage.reads:  # what the source's fit measured of the weights it read: the row's drift, the labels' errors
+        source = read_json(os.path.join(os.path.dirname(stage.dir), stage.reads, "result.json"))
+        result.update({"step": source["last"]["step"], **{k: v for k, v in (
+            ("drift", source["last"].get("drift")), ("teacher_labels", source.get("teacher_labels"))) if v}})
     if stage.combine:
         result["evaluated"] = f"{stage.combine} of {len(members)}"
         result["members"] = list(stage.members)
@@ -185,8 +195,9 @@ def _history_args(stage: Stage, folder: str) -> list[str]:
         return []
     init = {"dirpath": os.path.join(folder, "rule_checkpoints"), "keep_weak_best": stage.checkpoint == "best",
             "keep_every": stage.keep_every}
-    return ["--trainer.callbacks+=" + json.dumps({"class_path": "callbacks.validation_history.ValidationHistory",
-                                                  "init_args": init})]
+    guard = [{"class_path": "callbacks.trajectory_guard.TrajectoryGuard"}] if stage.keep_last else []
+    return ["--trainer.callbacks+=" + json.dumps(c) for c in [
+        {"class_path": "callbacks.validation_history.ValidationHistory", "init_args": init}, *guard]]
 
 
 def _other_rules(stage: Stage, args: list[str], ckpt: str, test: dict, history, commands: list[list[str]]) -> dict:
@@ -248,8 +259,13 @@ def _selected_checkpoint(trainer, stage: Stage, folder: Optional[str] = None) ->
     callback = trainer.checkpoint_callback
     if stage.checkpoint == "best" and callback is not None and callback.best_model_path:
         return callback.best_model_path  # the same path on every rank (ModelCheckpoint broadcasts its folder)
-    # The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run).
-    path = os.path.join(folder or stage.dir, "final.ckpt")
+    return _final_checkpoint(trainer, folder or stage.dir)
+
+
+def _final_checkpoint(trainer, folder: str) -> str:
+    """The final weights, saved explicitly (also when checkpointing is off, e.g. fast_dev_run; and `last.ckpt` is
+    not them: Lightning writes it only beside a new best one)."""
+    path = os.path.join(folder, "final.ckpt")
     trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes it whole (AtomicCheckpointIO)
     trainer.strategy.barrier("final.ckpt")  # every rank's test run loads it next
     return path

@@ -115,7 +115,15 @@ def select(p, raw: dict[str, dict[int, dict]], rule: str, targets: list[str]
         stage = fixed_stage(m, groups)
         if stage in raw:
             ordered[m.name] = raw[stage]
-    return ordered, picked
+    return in_method_order(p, ordered), picked
+
+
+def in_method_order(p, rows: dict) -> dict:
+    """The rows with the methods' rows in their declared order: a fit other methods read runs before its readers
+    (`stages._fit_order`), and is listed where it was declared; the other rows keep their places."""
+    names = [m.name for m in p.stage_methods()]
+    methods = iter(sorted((k for k in rows if k in names), key=names.index))
+    return {key: rows[key] for key in (next(methods) if k in names else k for k in rows)}
 
 
 def fixed_stage(m, groups: dict[str, list[tuple[str, Any]]]) -> Optional[str]:

@@ -46,6 +46,8 @@ class Stage:
     extra_teacher: bool = False  # one of the protocol's extra teachers (fitted like the main one)
     extra_teachers: tuple[str, ...] = ()  # extra teachers whose labels it reads (--data.extra_teacher_checkpoints)
     keep_fit_checkpoints: bool = False  # keep the fit's resume points once the stage is finished (protocol option)
+    reads: Optional[str] = None  # a stage of the same seed whose fit this one is (`Method.trajectory`): its last
+    keep_last: bool = False  # an early-stopping student fit: it keeps its final weights too, for a row `reads`
     config: Optional[dict] = field(default=None, repr=False)  # resolved by `validate_stage`
     data: Optional[dict] = field(default=None, repr=False)  # what its data options hold (`_identity`)
 
@@ -111,9 +113,15 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                                 p.student_checkpoint, ("teacher",)))
         by_name = {m.name: m for m in p.methods}
         n_teachers = 1 + len(p.extra_teachers)
-        for m in p.stage_methods():
+        of_seed: dict[str, Stage] = {}
+        for m in _fit_order(p):
             if m.ensemble is not None:
                 stages.append(_ensemble_stage(p, m, by_name, seed, seed_dir, student))
+                continue
+            if m.trajectory:
+                reads = m.variants_of(by_name[m.trajectory])  # value by value
+                stages += [_reader_stage(m, name, value, of_seed[reads[name]], seed_dir)
+                           for name, value, _ in m.variants()]
                 continue
             upstream = ("teacher", "ceiling") if p.ceiling else ("teacher",)
             model_args, source_args = m.cli_args(n_teachers), {}
@@ -121,7 +129,7 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                 source = by_name[m.from_method]
                 source_args = {name: extra for name, _, extra in source.variants()}
                 upstream += tuple(source_args)
-                model_args = source.cli_args(n_teachers) + m.args  # what its checkpoints were fitted with
+                model_args = fitted(source, by_name).cli_args(n_teachers) + m.args  # its checkpoints were fitted so
             for name, value, extra in m.variants():
                 role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "")
                 extras, labels = label_arguments(p, m, value)
@@ -130,7 +138,9 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
                                     PRETRAINED if m.from_method else (m.checkpoint or p.student_checkpoint),
                                     upstream + extras, method=m.name, value=value, evaluates=m.from_method,
                                     source_args=source_args, keep_every=m.test_every_validation,
-                                    extra_teachers=extras))
+                                    extra_teachers=extras, keep_last=not m.from_method
+                                    and (m.checkpoint or p.student_checkpoint) == "best"))
+                of_seed[name] = stages[-1]
         for spec in p.zero_shot:  # the student half's data settings, so the teacher's margins are the students'
             name = zero_shot_name(spec)
             args = (configs(p.trainer_configs + p.data_configs) + common + ["--data.train_subset=student"]
@@ -140,6 +150,32 @@ def plan_stages(p: W2SProtocol) -> list[Stage]:
     for stage in stages:
         stage.keep_fit_checkpoints = p.keep_fit_checkpoints
     return stages
+
+
+def _fit_order(p: W2SProtocol) -> list:
+    """The methods with stages, in their order, except that a fit other methods read (`Method.trajectory`) comes
+    right before the first of its readers: its stages run first. The table keeps the methods' order
+    (`model_selection.select`)."""
+    by_name, out = {m.name: m for m in p.methods}, []
+    for m in p.stage_methods():
+        for method in ([by_name[m.trajectory]] if m.trajectory else []) + [m]:
+            if method not in out:
+                out.append(method)
+    return out
+
+
+def fitted(m, by_name: dict):
+    """The method whose fit a method's checkpoints are: its own, or a trajectory reader's source."""
+    return by_name[m.trajectory] if m.trajectory else m
+
+
+def _reader_stage(m, name: str, value, source: Stage, seed_dir: str) -> Stage:
+    """A stage of a method that reads another's fit: that fit's arguments (its data, model and trainer options: the
+    validate + test runs are the source's), its final weights (`upstream_args`), the source stage upstream."""
+    role = f"method {m.name!r}" + (f" ({m.sweep_flag}={value})" if m.sweep else "") + f": {source.name}'s final weights"
+    return Stage(source.seed, name, role, os.path.join(seed_dir, name), list(source.args), "last",
+                 (*source.upstream, source.name), method=m.name, value=value, evaluates=m.trajectory,
+                 source_args={source.name: []}, extra_teachers=source.extra_teachers, reads=source.name)
 
 
 def label_arguments(p: W2SProtocol, m, value) -> tuple[tuple[str, ...], list[str]]:
@@ -177,7 +213,7 @@ def _ensemble_stage(p: W2SProtocol, m, by_name: dict, seed: int, seed_dir: str, 
     upstream = (("teacher", "ceiling") if p.ceiling else ("teacher",)) + tuple(name for _, name, _ in members)
     if m.ensemble["by"] == "weights":
         first, _, extra = members[0]
-        args = student + by_name[first].cli_args(1 + len(p.extra_teachers)) + extra
+        args = student + fitted(by_name[first], by_name).cli_args(1 + len(p.extra_teachers)) + extra
     else:
         # the members are upstream outputs, added when they are done (`upstream_args`); [] stands for them here
         args = student + [f"--model.class_path={ENSEMBLE_CLASS}", "--model.init_args.members=[]"]
@@ -201,13 +237,29 @@ def upstream_args(stage: Stage, done: dict[str, dict[int, dict]], evaluated: Opt
     if "ceiling" in stage.upstream:
         args.append(f"--model.ceiling_results={ceiling_results_path(stage)}")
     if evaluated:
-        args += [*stage.source_args[evaluated], f"--ckpt_path={done[evaluated][stage.seed]['checkpoint']}"]
+        args += [*stage.source_args[evaluated], f"--ckpt_path={read_checkpoint(stage, done[evaluated][stage.seed])}"]
     if stage.combine == "predictions":
         args.append("--model.init_args.members=" + json.dumps([done[n][stage.seed]["checkpoint"]
                                                                for n in stage.members]))
     elif stage.combine == "weights":
         args.append(f"--ckpt_path={averaged_checkpoint(stage)}")
     return args
+
+
+def read_checkpoint(stage: Stage, source: dict) -> str:
+    """The checkpoint an evaluating stage reads from its source's result: the kept one, or a trajectory reader's
+    final weights (`last`, which the source keeps for it since its readers were declared)."""
+    if stage.reads is None:
+        return source["checkpoint"]
+    where = os.path.join(os.path.dirname(stage.dir), stage.reads)
+    if "last" not in source:
+        raise ValueError(f"stage {stage.dir} ({stage.role}) reads the final weights of {where}, which finished before "
+                         f"early-stopping fits kept them: rerun it with --force seed{stage.seed}/{stage.reads}")
+    if source["last"]["drew"]:
+        raise ValueError(f"stage {stage.dir} ({stage.role}) reads the fit of {where}, whose trajectory depends on how "
+                         f"often it validates ({'; '.join(source['last']['drew'])}): drop the method's trajectory (it "
+                         "then fits its own)")
+    return source["last"]["checkpoint"]
 
 
 def averaged_checkpoint(stage: Stage) -> str:
@@ -261,6 +313,8 @@ def identity_of(stage: Stage, upstream: dict) -> dict:
                               search=asdict(stage.search) if stage.search else None)
     if stage.keep_every:  # its result holds every validation's test results too (absent otherwise: old identities)
         identity["keep_every"] = True
+    if stage.reads:  # the fit it is (its upstream too): named, so a reader never reads as the fit it replaced
+        identity["trajectory"] = stage.reads
     return identity
 
 
