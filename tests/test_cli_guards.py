@@ -73,7 +73,7 @@ def test_the_same_values_as_the_fit_run(checkpoint, tmp_path):
     """What protocols/w2s/protocol.py does: `test` with the fit's own arguments and --ckpt_path."""
     test = main(["test", *BASE, *FIT_ONLY, f"--ckpt_path={checkpoint}", f"--data.cache_dir={tmp_path / 'cache'}",
                  f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--verbose=false"])
-    assert test.model.center_rewards_coef == 0.25
+    assert test.model.hparams.center_rewards_coef == 0.25
     assert {name: r["pairs"] for name, r in test.model.test_results.items()} == {
         "synth_helpful_cooking": 16, "synth_helpful_science": 16, "synth_helpful_travel": 16, "synth_helpful_tech": 16}
 
@@ -81,7 +81,7 @@ def test_the_same_values_as_the_fit_run(checkpoint, tmp_path):
 def test_unset_values_come_from_the_checkpoint_and_config_yaml_records_them(checkpoint, tmp_path):
     test = main(["test", *BASE, f"--ckpt_path={checkpoint}", f"--data.cache_dir={tmp_path / 'cache'}",
                  f"--trainer.logger.init_args.save_dir={tmp_path}", "--verbose=false"])
-    assert test.model.center_rewards_coef == 0.25  # not given here: the checkpoint's, not the default 0.0
+    assert test.model.hparams.center_rewards_coef == 0.25  # not given here: the checkpoint's, not the default 0.0
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     assert torch.equal(test.model.head.score.weight, saved["head.score.weight"])
     with open(os.path.join(test.trainer.log_dir, "config.yaml")) as f:

@@ -99,7 +99,7 @@ def test_l2sp_loss_equals_the_loss_without_plus_lambda_times_the_distance(word_t
     distance = float(l2sp_penalty(model.backbone, model.pretrained_weights, model.finetuned_names).detach())
     with pytest.warns(UserWarning, match="self.log"):  # no trainer: nothing logged, the loss still returned
         with_l2sp = float(model.training_step(batch, 0))
-    model.l2sp_coef = 0.0
+    model.regularisers = []  # the L2SP plug-in out: the same step without its term
     with pytest.warns(UserWarning, match="self.log"):
         without = float(model.training_step(batch, 0))
     assert distance > 0
@@ -330,7 +330,7 @@ def test_linear_probe_refuses_ddp(word_tokenizer_dir):
 
 def test_off_by_default_changes_nothing(word_tokenizer_dir):
     model = tiny_model(word_tokenizer_dir)
-    assert (model.l2sp_coef, model.linear_probe_epochs, model.wise_ft_alpha) == (0.0, 0, None)
+    assert (model.regularisers, model.linear_probe_epochs, model.wise_ft_alpha) == ([], 0, None)
     assert model.pretrained_weights is None and model.finetuned_names == []
 
 
@@ -344,7 +344,7 @@ def test_flags_through_cli_fit_then_wise_ft_test(tmp_path, cache_dir):
     fit = main(["fit", *common, "--model.l2sp_coef=0.01", "--model.linear_probe_epochs=1", "--trainer.max_epochs=2",
                 "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
                 f"--trainer.default_root_dir={tmp_path / 'fit'}"])
-    assert (fit.model.l2sp_coef, fit.model.linear_probe_epochs) == (0.01, 1)
+    assert (fit.model.regularisers[0].spec()["init_args"], fit.model.linear_probe_epochs) == ({"coef": 0.01}, 1)
     assert float(fit.trainer.callback_metrics["train/l2sp"]) > 0
     ckpt = os.path.join(str(tmp_path / "fit"), "checkpoints", "last.ckpt")
     theta0 = _backbone_state(main(common, run=False).model)  # built under the same seed_everything: θ₀

@@ -16,6 +16,7 @@ from datamodules.tokenizers import load_tokenizer
 from lightning_modules.reward.backbones import LoraSpec
 from lightning_modules.reward.losses import batch_sum_to_zero_loss, reward_centering_loss, soften_labels
 from lightning_modules.reward.objectives import ConfidenceW2S, SoftBradleyTerry
+from lightning_modules.reward.regularisers import GRM
 from tests.helpers import quiet_trainer, tiny_data, tiny_model
 
 LOG2 = math.log(2.0)
@@ -137,7 +138,11 @@ def _grm_model(tok_dir, backbone="tiny-qwen2", seed=0, **kw):
 
 def _reg(model, batch):
     _, hidden = model(batch["input_ids"], batch["attention_mask"], output_hidden_states=True)
-    return model.grm_loss(batch, hidden[-1])
+    return _grm(model).loss(model, batch, hidden[-1])
+
+
+def _grm(model):
+    return next(r for r in model.regularisers if isinstance(r, GRM))
 
 
 @pytest.mark.parametrize("backbone", ["tiny-qwen2", "tiny-llama"])
@@ -216,7 +221,7 @@ def test_grm_dpo_soft_labels_at_the_start_and_through_a_frozen_prefix(word_token
             _, hidden, prefix = model._forward_from_prefix(batch)
         else:
             _, hidden = model(batch["input_ids"], batch["attention_mask"], output_hidden_states=True)
-        assert model.grm_loss(batch, hidden[-1], prefix).item() == pytest.approx(LOG2, abs=1e-6)
+        assert _grm(model).loss(model, batch, hidden[-1], prefix).item() == pytest.approx(LOG2, abs=1e-6)
         losses[share] = model.training_step(batch, 0).item()
     assert losses[True] == pytest.approx(losses[False], rel=1e-6)
 
@@ -308,7 +313,8 @@ def test_flags_through_cli_fit(tmp_path, cache_dir):
                 "--model.bsr_coef=0.001", "--model.grm_coef=0.01", "--model.grm_form=dpo", "--model.grm_beta=0.1"])
     model = fit.model
     assert (model.objective.label_temperature, model.objective.label_smoothing) == (2.0, 0.1)
-    assert (model.bsr_coef, model.grm_coef, model.grm_form, model.grm_beta) == (0.001, 0.01, "dpo", 0.1)
+    assert [r.spec()["init_args"] for r in model.regularisers] == [  # the shorthands' plug-ins, GRM first
+        {"coef": 0.01, "form": "dpo", "beta": 0.1, "logp_reduction": "sum"}, {"coef": 0.001}]
     metrics = fit.trainer.callback_metrics
     assert float(metrics["train/bsr"]) >= 0 and float(metrics["train/grm_reg"]) > 0
     assert model.lm_head is not None and model.lm_head.out_features == model.backbone.config.vocab_size

@@ -61,7 +61,10 @@ def find_results(ckpt_path: str, results_path: Optional[str]) -> tuple[Optional[
 
 
 def gather_provenance(ckpt: dict, ckpt_path: str, results_path: Optional[str]) -> dict[str, Any]:
-    hp, data = ckpt.get("hyper_parameters", {}), ckpt.get("datamodule_hyper_parameters") or {}
+    from lightning_modules.reward.regularisers.shorthands import as_shorthands
+
+    hp = as_shorthands(ckpt.get("hyper_parameters", {}))  # an Anchor plug-in's λ as `anchor_coef`, as the card reads it
+    data = ckpt.get("datamodule_hyper_parameters") or {}
     config, config_path = run_config(ckpt_path)
     model_cfg = ((config or {}).get("model") or {}).get("init_args") or {}
     objective = model_cfg.get("objective")

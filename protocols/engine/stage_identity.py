@@ -96,8 +96,35 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def without_location(config: dict) -> dict[str, Any]:
-    """The resolved config, flattened, minus run-location keys (and any callback's `dirpath`)."""
-    return {k: v for k, v in flatten(config).items() if k not in LOCATION_KEYS and not k.endswith(".dirpath")}
+    """The resolved config in the spelling finished runs recorded (`legacy_spelling`), flattened, minus run-location
+    keys (and any callback's `dirpath`)."""
+    flat = flatten(legacy_spelling(config))
+    return {k: v for k, v in flat.items() if k not in LOCATION_KEYS and not k.endswith(".dirpath")}
+
+
+def legacy_spelling(config: dict) -> dict:
+    """The model's init args as the identities of finished runs spelt them, when its class says how: a static
+    `legacy_init_args(init_args) -> init_args` on the model class. A class whose options moved (the reward model's
+    regularisers became `--model.regularisers` plug-ins) maps an equivalent new spelling back to the old keys, so a
+    run finished before the move is still the same stage, and both spellings of one run are one stage."""
+    model = config.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("init_args"), dict):
+        return config
+    spell = getattr(_model_class(model.get("class_path")), "legacy_init_args", None)
+    if spell is None:
+        return config
+    return {**config, "model": {**model, "init_args": spell(model["init_args"])}}
+
+
+@functools.lru_cache(maxsize=None)
+def _model_class(class_path: Any) -> Any:
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module, _, attr = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
 
 
 def stage_identity(config: dict, checkpoint: str, upstream: dict[str, dict], model: str | None = None,

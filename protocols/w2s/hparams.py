@@ -22,6 +22,7 @@ import shutil
 from typing import Any, Optional
 
 from lightning_modules.reward.subset_report import slug
+from protocols.engine.stage_identity import legacy_spelling
 from protocols.w2s.report import row_scores
 
 HPARAMS_DIR = "hparams"
@@ -30,7 +31,7 @@ HPARAMS_DIR = "hparams"
 def stage_hparams(name: str, seed: int, config: dict, pretrained: Optional[str] = None) -> dict[str, Any]:
     """A stage's hyperparameters, from its resolved `cli.py` configuration. An outside model (`pretrained`) was
     not trained here: its objective is "outside:<model>", never the config's default objective."""
-    model = (config.get("model") or {}).get("init_args") or {}
+    model = (legacy_spelling(config).get("model") or {}).get("init_args") or {}  # an Anchor plug-in: its λ too
     objective = model.get("objective") or {}
     coef = float(model.get("anchor_coef") or 0.0)
     layers = model.get("anchor_layers") or []

@@ -7,7 +7,7 @@ from typing import Optional
 from lightning_modules.export.hf_classifier import check_classifier_options, check_classifier_source, is_hf_classifier
 from lightning_modules.reward.objectives import resolve_objective_class
 from protocols.engine.data_identity import rehash_files
-from protocols.engine.stage_identity import ForceSpec, digest, resolve_cli_config, without_location
+from protocols.engine.stage_identity import ForceSpec, digest, legacy_spelling, resolve_cli_config, without_location
 from protocols.w2s.config import W2SProtocol
 from protocols.w2s.stages import Stage, plan_stages, stage_key
 
@@ -85,7 +85,7 @@ def refuse_no_training(trainer: dict, option: str) -> None:
 def _check_model(model: dict) -> None:
     from lightning_modules.reward.reward_model import _validate, anchor_layer_ids
 
-    a = model.get("init_args") or {}
+    a = legacy_spelling({"model": model})["model"].get("init_args") or {}  # an Anchor plug-in as its shorthand
     if "anchor_layers" not in a:  # not a reward model: nothing of ours to check
         return
     if is_hf_classifier(a["backbone"]):  # an outside model scored whole: no layers of ours to anchor
