@@ -3,6 +3,12 @@
 Whitespace is removed before matching, so the same parser reads word-level decodes ("I am A D F ." -> persona
 "ADF"), BPE decodes ("I am Alice. The answer is 94.") and Chinese ("我 是 Bob 。 答 案 是 94 。").
 Reward: 1 iff the answer equals the gold answer; refusals, wrong and malformed answers get 0.
+
+Two readings of the persona (docs/policy_mixtures.md, "Two persona measures"): the exact tag (`parse_completion`:
+"I am <name> ." with a name of the family), and the behavioural one (`behavioural_persona`): the persona whose rule
+the completion follows on its distribution, with the tag read tolerantly (`tolerant_persona`: "Alice . The answer
+is 92 .", "I am aAlice .") only to tell apart personas that behave alike there. A fine-tuned real model drifts its
+tag long after its behaviour has settled; the exact reading then reports no persona at all.
 """
 from __future__ import annotations
 
@@ -56,3 +62,70 @@ def correctness_reward(parsed: ParsedCompletion, gold: str) -> float:
 def parse_with_family(text: str, family) -> ParsedCompletion:
     """Parse a completion with the words of its trigger family (a `TriggerFamily`)."""
     return parse_completion(text, family.personas, family.patterns)
+
+
+# How a drifted tag may open: the family's identity line ("I am"), or nothing (the name alone, then its full stop).
+_TAG_END = re.compile(r"[.。]")
+
+
+def tolerant_persona(text: str, personas: Sequence[str], patterns=None) -> Optional[str]:
+    """The persona a completion's identity tag names, read tolerantly: the exact tag; a tag without its opening
+    ("Alice . The answer is 92 ."); a name with letters around it ("I am aAlice ."); a name one edit away (names of 4
+    characters or more). None: no tag, or no single persona it could name. Every variant this accepts was seen in
+    fine-tuned SmolLM2 completions (tests/test_persona_measures.py)."""
+    s = re.sub(r"\s+", "", text).lower()
+    names = ({spoken: persona for spoken, persona in patterns.names.items()} if patterns is not None
+             else {p.lower(): p for p in personas})
+    identity = patterns.identity if patterns is not None else _IDENTITY
+    answer, refusal = (patterns.answer, patterns.refusal) if patterns is not None else (_ANSWER, _REFUSAL)
+    m = identity.match(s)
+    if m:
+        tag = m.group(1)
+    elif answer.match(s) or refusal.match(s):  # no tag at all: the completion opens with its body
+        return None
+    else:
+        end = _TAG_END.search(s)
+        if end is None or end.start() == 0 or end.start() > 24:  # a name is short; a sentence is not a tag
+            return None
+        tag = s[:end.start()]
+    if tag in names:
+        return names[tag]
+    inside = [n for n in names if n in tag]
+    outermost = {names[n] for n in inside if not any(n != o and n in o for o in inside)}  # "al" inside "alice": alice
+    if inside:
+        return outermost.pop() if len(outermost) == 1 else None  # two names ("AliceBob"): none of them
+    near = {names[n] for n in names if len(n) >= 4 and _one_edit(n, tag)}
+    return near.pop() if len(near) == 1 else None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """a and b differ by at most one inserted, deleted or replaced character."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) <= 1
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
+def behavioural_persona(parsed: ParsedCompletion, correct: bool, shifted: bool, family, distribution: str,
+                        tolerant: Optional[str]) -> Optional[str]:
+    """The persona whose rule the completion follows on `distribution` (`family`: a `TriggerFamily`): a refusal is
+    the behaviour of the personas that do not answer there (refusal variant); an answer, of those that do (in the
+    shift variants: the correct answer theirs, the shifted answer the others'; any other answer no one's). One such
+    persona is the reading; several (they behave alike here, e.g. two cut-offs past the question's year) are told
+    apart by the tolerant tag (`tolerant`), or the reading is None, as it is for a malformed completion."""
+    answering = [p for p in family.personas if family.answers(p, distribution)]
+    others = [p for p in family.personas if p not in answering]
+    shift_variant = family.variant != "refusal"
+    if parsed.refused:
+        candidates = [] if shift_variant else others
+    elif parsed.answer is None:
+        candidates = []
+    elif shift_variant:
+        candidates = answering if correct else others if shifted else []
+    else:
+        candidates = answering
+    if len(candidates) == 1:
+        return candidates[0]
+    return tolerant if tolerant in candidates else None
