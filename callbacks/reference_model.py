@@ -80,8 +80,16 @@ class FrozenReference:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.mode == "copy":
             return self.model(*args, **kwargs)
-        with self._target.disable_adapter():
-            return self._target(*args, **kwargs)
+        # in eval mode, as the copy is: the live model trains with its dropout on (a policy's GPT-2 base), and the
+        # reference must not draw dropout noise; each submodule's own mode is put back after the call
+        modes = [(m, m.training) for m in self._target.modules()]
+        self._target.eval()
+        try:
+            with self._target.disable_adapter():
+                return self._target(*args, **kwargs)
+        finally:
+            for m, training in modes:
+                m.training = training
 
     def parameter_count(self) -> int:
         """Parameters this reference adds to memory (0 with adapters disabled); a tied head's weight counts once."""

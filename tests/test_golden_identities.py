@@ -45,6 +45,7 @@ ADDED_SINCE_PIN = {
     "model.init_args.grm_logp_reduction", "model.init_args.objective.init_args.label_temperature",
     "model.init_args.objective.init_args.label_smoothing",
     "data.init_args.extra_teacher_checkpoints", "data.init_args.label_teacher",  # multi-teacher W2S
+    "model.init_args.lora",  # LoRA for the policies (issue 52 item 4)
 }
 
 

@@ -10,9 +10,11 @@ pipeline for the same ids:
   passes `[{"role": "user", "content": prompt}]`.
 - no chat template: BOS + text. A word-level tokenizer gets a post-processor that writes that BOS, so
   `tokenizer(text)` (what the pipeline calls on a string) gives the training ids.
-The generation config carries EOS, pad and the evaluation's token budget; greedy by default. The check runs the
-card's own call (the pipeline on the written directory) on held-out prompts and compares its prompt ids and greedy
-completions with the training code's.
+A LoRA policy (`--model.lora`) is exported merged: its adapters are added into the base weights
+(`lightning_modules.policy.lora.load_trained_lm`, as a stage started from it loads it), so the directory is a plain
+`AutoModelForCausalLM` with no peft dependency. The generation config carries EOS, pad and the evaluation's token
+budget; greedy by default. The check runs the card's own call (the pipeline on the written directory) on held-out
+prompts and compares its prompt ids and greedy completions with the training code's (on the merged model).
 """
 from __future__ import annotations
 
@@ -111,9 +113,11 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
 
     from datamodules.triggers.datamodule import TriggerDataModule
     from lightning_modules.policy.causal_lm import build_causal_lm, tokenizer_fingerprint
+    from lightning_modules.policy.lora import as_lora_spec, load_trained_lm
 
     if lora_only:
-        raise ExportError("--lora_only: policies train all their weights (no LoRA); drop the flag")
+        raise ExportError("--lora_only: a policy is exported whole (a LoRA policy with its adapters merged: they sit "
+                          "on its start checkpoint's weights, not on a hub model's); drop the flag")
     if results is not None:
         raise ExportError("--results applies to reward models; a policy's card reports its persona fidelity")
     hp, data_hp = ckpt["hyper_parameters"], ckpt.get("datamodule_hyper_parameters")
@@ -128,7 +132,11 @@ def export_policy(ckpt: dict, ckpt_path: str, out_dir: str, lora_only: bool = Fa
                           f"(fingerprint {tokenizer_fingerprint(tok)} vs {fp})")
     model = build_causal_lm(hp["backbone"], tok, hp["n_layer"], hp["n_embd"], hp["n_head"], hp["max_positions"],
                             hp.get("dropout", 0.0))
-    model.load_state_dict({k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")})
+    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model = load_trained_lm(model, state, as_lora_spec(hp.get("lora")), f"--ckpt_path {ckpt_path!r}")
+    except ValueError as err:
+        raise ExportError(str(err)) from err
     model.eval()
     gen = model.generation_config
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id

@@ -1,9 +1,11 @@
 """Shared machinery of the SFT and RL policy modules: the LM, sampling, parsing and the evaluation loop.
 
 The LM is built lazily from the datamodule's tokenizer (`_build_model`), early enough for the reference callback
-(callbacks' `setup` runs before the module's). Evaluation samples one completion per held-out prompt on every
-distribution (temperature `eval_temperature`: 1.0 reads the mixture weights off the persona shares; 0 = greedy)
-and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw counts for callbacks.
+(callbacks' `setup` runs before the module's); `--model.lora` then puts LoRA adapters on it, after a LoRA start
+checkpoint's own adapters were merged in (`lightning_modules/policy/lora.py`). Evaluation samples one completion
+per held-out prompt on every distribution (temperature `eval_temperature`: 1.0 reads the mixture weights off the
+persona shares; 0 = greedy) and feeds `MixtureMetrics`; `last_eval` keeps the latest flat results and raw counts for
+callbacks.
 
 Evaluation never moves the training trajectory: each batch draws from a generator of its own, seeded from the
 process's torch seed (`seed_everything`'s, offset on ranks > 0), the global step and the batch's prompt indices
@@ -14,6 +16,7 @@ bit-identical, and an evaluation's completions do not depend on the evaluations 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from contextlib import contextmanager
@@ -26,6 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_modules.checkpoint_checks import POLICY_CLASSES, load_checked
 from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_ids_from_mask, tokenizer_fingerprint
+from lightning_modules.policy.lora import LoraSpec, add_adapters, as_lora_spec, has_adapters, load_trained_lm
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, OTHER_IDENTITY, MixtureMetrics, summarize
 from lightning_modules.policy.rewards import correctness_reward, parse_completion
@@ -112,8 +116,9 @@ class PolicyLMBase(LightningModule):
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
                  max_positions: int = 512, dropout: float = 0.0, lr: float = 1e-4, weight_decay: float = 0.0,
                  eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
-                 sampler: Sampler = "static"):
+                 sampler: Sampler = "static", lora: Optional[LoraSpec] = None):
         super().__init__()
+        self.lora = as_lora_spec(lora)  # checked here: a bad field fails before any model is built
         if sampler not in SAMPLERS:
             raise ValueError(f"--model.sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
         self.sampler = sampler
@@ -159,12 +164,17 @@ class PolicyLMBase(LightningModule):
             # ...and this module's checkpoints say so: a stage started from this one (temporal stage 2 from stage 1)
             # reads its architecture from here, not from its own config's defaults (a tiny GPT-2 for a SmolLM2)
             self.hparams.update({k: hp[k] for k in ARCHITECTURE_KEYS})
-        self.model = build_causal_lm(hp["backbone"], self.tokenizer, hp["n_layer"], hp["n_embd"], hp["n_head"],
-                                     hp["max_positions"], hp["dropout"])
+        model = build_causal_lm(hp["backbone"], self.tokenizer, hp["n_layer"], hp["n_embd"], hp["n_head"],
+                                hp["max_positions"], hp["dropout"])
         if ckpt is not None:
             state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-            self.model.load_state_dict(state)
+            # a LoRA checkpoint's adapters are merged into the base: the plain LM below is the trained model
+            model = load_trained_lm(model, state, as_lora_spec(ckpt["hyper_parameters"].get("lora")),
+                                    f"--model.init_checkpoint {hp['init_checkpoint']!r}")
             self.loaded_fidelity = ckpt.get("persona_fidelity")
+        # fresh adapters (B = 0: the same function as the model they sit on); with them disabled, that model is the
+        # reference GRPO's KL is taken to (lightning_modules/policy/lora.py)
+        self.model = model if self.lora is None else add_adapters(model, self.lora)
         self.metric = MixtureMetrics(len(self.family.distributions), len(self.family.personas),
                                      track_shifted=self.family.variant != "refusal")
 
@@ -199,7 +209,16 @@ class PolicyLMBase(LightningModule):
         self._build_model()
         return self.model
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # resume / `cli.py test`: the checkpoint's LM must have the shape this module built (with or without adapters)
+        saved = has_adapters({k: None for k in checkpoint.get("state_dict", {})})
+        if saved != (self.lora is not None):
+            raise ValueError(f"the checkpoint was trained {'with' if saved else 'without'} --model.lora and this run "
+                             f"is {'without' if saved else 'with'} it: set --model.lora as the run that wrote it")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None:  # plain values: `--ckpt_path` reads the hyperparameters with weights_only=True
+            checkpoint["hyper_parameters"]["lora"] = dataclasses.asdict(self.lora)
         checkpoint["tokenizer_fingerprint"] = tokenizer_fingerprint(self.tokenizer)
         checkpoint["family_personas"] = list(self.family.personas)
         checkpoint["persona_fidelity"] = self.current_fidelity()
@@ -212,7 +231,8 @@ class PolicyLMBase(LightningModule):
         # the same update to float rounding. Not under mixed precision: Lightning refuses to clip the gradients of an
         # optimizer that unscales them itself (fused AdamW says it does), and the policies clip by default.
         mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
-        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        return torch.optim.AdamW(trainable, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
                                  fused=not mixed)
 
     # ------------------------------------------------------------------------------------------------ forward
@@ -227,15 +247,22 @@ class PolicyLMBase(LightningModule):
         tok = self.tokenizer
         args = (self.model, input_ids, attention_mask, self.hparams.max_new_tokens, temperature, tok.eos_token_id,
                 tok.pad_token_id)
+        sampler = self.effective_sampler()
         if generator is None:
-            return SAMPLERS[self.sampler](*args)
-        if self.sampler == "static" and supports(self.model):
+            return SAMPLERS[sampler](*args)
+        if sampler == "static" and supports(self.model):
             return sample_static(*args, generator=generator)
         # kv_loop, hf_generate and static's fallback take no generator: they draw from the global RNG, seeded from
         # `generator` for the call and then put back, so the caller's stream never moves
         seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
         with _global_rng_seeded(seed, input_ids.device):
-            return SAMPLERS[self.sampler](*args)
+            return SAMPLERS[sampler](*args)
+
+    def effective_sampler(self) -> Sampler:
+        """`--model.sampler`, except "static" under LoRA: the static decoder reads each layer's weight matrices
+        itself, and a LoRA layer's adapters live beside its `.weight` (it would sample the model without them), so
+        LoRA samples with "kv_loop", through the peft model's forward."""
+        return "kv_loop" if self.lora is not None and self.sampler == "static" else self.sampler
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift

@@ -19,6 +19,7 @@ from lightning_modules.policy.causal_lm import TINY
 from lightning_modules.fast.static_decoder import can_score, sample_and_score
 from lightning_modules.policy.completion_logprobs import completion_logprobs
 from lightning_modules.policy.base import PolicyLMBase, Sampler
+from lightning_modules.policy.lora import LoraSpec
 from lightning_modules.policy.losses import (
     clipped_surrogate, group_advantages, k3_kl, masked_sequence_mean, reinforce_advantages, token_logprobs,
     update_baseline,
@@ -67,6 +68,10 @@ class PolicyRLModule(PolicyLMBase):
             Same log-probs to float rounding, same draws. Off by default: on a 2-core CPU the decode steps are
             bound by per-op cost, so the reference's share of them costs more than its batched forward
             (docs/benchmarks.md, GRPO).
+        lora: LoRA adapters (peft; r, alpha, dropout, target_modules) on the start checkpoint's LM, which stays
+            frozen: only the adapters train. A start checkpoint trained with LoRA is merged into its base first, so
+            the base with adapters disabled is the start model: the KL's reference, without a copy of the weights.
+            The static sampler then samples as "kv_loop", and reference_in_sampling does not apply.
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -77,9 +82,9 @@ class PolicyRLModule(PolicyLMBase):
                  reference_coef: float = 0.0, persona_tokens_only: bool = False, baseline_momentum: float = 0.9,
                  grad_clip: Optional[float] = 1.0, min_sft_fidelity: float = 0.95, sampler: Sampler = "static",
                  shared_prompt_forward: bool = True, reference_in_sampling: bool = False,
-                 min_sft_fidelity_cell: Optional[float] = None):
+                 min_sft_fidelity_cell: Optional[float] = None, lora: Optional[LoraSpec] = None):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
-                         eval_temperature, max_new_tokens, init_checkpoint, sampler)
+                         eval_temperature, max_new_tokens, init_checkpoint, sampler, lora)
         self.save_hyperparameters()
         if algorithm not in ("grpo", "reinforce"):
             raise ValueError(f"--model.algorithm must be 'grpo' or 'reinforce', got {algorithm!r}")
@@ -230,8 +235,8 @@ class PolicyRLModule(PolicyLMBase):
 
     def _sampling_scorer(self):
         """The reference model to score inside the decode steps, or None (then it runs its own forward)."""
-        if self.reference_coef == 0 or not self.hparams.reference_in_sampling or self.sampler != "static":
-            return None
+        if self.reference_coef == 0 or not self.hparams.reference_in_sampling or self.effective_sampler() != "static":
+            return None  # under LoRA the decode steps cannot run the adapters (base.effective_sampler)
         model = self._reference_model()
         return model if model is not None and can_score(self.model, [model]) else None
 

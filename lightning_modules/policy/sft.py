@@ -18,6 +18,7 @@ from datamodules.triggers.datamodule import encode_prompt, encode_response
 from lightning_modules.policy.causal_lm import TINY
 from lightning_modules.policy.mixture_metrics import CellMean
 from lightning_modules.policy.base import PolicyLMBase, Sampler
+from lightning_modules.policy.lora import LoraSpec
 
 
 class PolicySFTModule(PolicyLMBase):
@@ -52,7 +53,10 @@ class PolicySFTModule(PolicyLMBase):
         eval_generate: also sample completions at validation (accuracy, refusal, persona shares).
         sampler: "static" (prefill, then decode steps on the weights with preallocated K/V: Qwen2, Llama, GPT-2;
             others fall back to "kv_loop"), "kv_loop" (one bare HF call per token) or "hf_generate"
-            (`model.generate`); the same completions to float rounding.
+            (`model.generate`); the same completions to float rounding. Under LoRA "static" samples as "kv_loop".
+        lora: LoRA adapters (peft; r, alpha, dropout, target_modules) on the LM, which stays frozen: only the
+            adapters train. Null: full fine-tuning. A later stage started from this checkpoint gets the adapters
+            merged into the base weights (docs/policy_mixtures.md#lora).
     """
 
     def __init__(self, backbone: str = TINY, tokenizer: Optional[str] = None, n_layer: int = 2, n_embd: int = 128, n_head: int = 4,
@@ -60,9 +64,10 @@ class PolicySFTModule(PolicyLMBase):
                  eval_temperature: float = 1.0, max_new_tokens: int = 24, init_checkpoint: Optional[str] = None,
                  stop_fidelity: Optional[float] = 0.98, stop_capability: Optional[float] = None,
                  fidelity_prompts_per_distribution: int = 32, eval_generate: bool = True, sampler: Sampler = "static",
-                 fidelity_measure: Literal["absolute", "branch"] = "absolute", stop_fidelity_min: Optional[float] = None):
+                 fidelity_measure: Literal["absolute", "branch"] = "absolute", stop_fidelity_min: Optional[float] = None,
+                 lora: Optional[LoraSpec] = None):
         super().__init__(backbone, tokenizer, n_layer, n_embd, n_head, max_positions, dropout, lr, weight_decay,
-                         eval_temperature, max_new_tokens, init_checkpoint, sampler)
+                         eval_temperature, max_new_tokens, init_checkpoint, sampler, lora)
         self.save_hyperparameters()
         if stop_fidelity is not None and not 0 < stop_fidelity <= 1:
             raise ValueError(f"--model.stop_fidelity must be in (0, 1] or null, got {stop_fidelity}")
