@@ -339,3 +339,11 @@ def test_the_resolver_finds_circles_and_upward_imports(tmp_path):
     assert sorted((e.src, e.dst) for e in crossing) == [("high.model", "low.clean"), ("low.data", "high"),
                                                         ("low.data", "high.model")]
     assert "low.base -> low.plugin (low/base.py:4)" in _cycle_report(cycles(modules, edges), edges)
+
+
+def test_no_file_of_protocols_is_over_450_lines():
+    """A file a reader can hold in mind (issue 51): a longer one is split where its concerns part."""
+    folder = os.path.join(ROOT, "protocols")
+    long = {os.path.relpath(os.path.join(d, f), ROOT): n for d, _, files in os.walk(folder) for f in files
+            if f.endswith(".py") and (n := sum(1 for _ in open(os.path.join(d, f)))) > 450}
+    assert not long, f"files of protocols/ over 450 lines: {long}"

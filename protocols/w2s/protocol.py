@@ -43,7 +43,8 @@ from protocols.engine.published_set import set_state
 from protocols.engine.rank_errors import on_rank_zero
 from protocols.engine.stage_identity import ForceSpec, StageChangedError  # noqa: F401 -- callers catch it from here
 from protocols.w2s.teacher_search import TeacherSearch
-from protocols.w2s.config import Method, W2SProtocol
+from protocols.w2s.config import W2SProtocol
+from protocols.w2s.methods import Method
 from protocols.w2s.fit import checkpoint_step, release_stores, run_stage, run_test_stage  # noqa: F401 -- checkpoint_step: public
 from protocols.w2s.publish import claim_results, publish_results, results_dir
 from protocols.w2s.stages import (

@@ -12,7 +12,8 @@ from datamodules.atomic_files import atomic_write_json
 from protocols.engine.rank_errors import rank_zero_section
 from protocols.engine.run_files import publish_set, read_json
 from protocols.w2s.teacher_search import TeacherSearch
-from protocols.w2s.config import Method, W2SProtocol, _defaults
+from protocols.w2s.config import W2SProtocol
+from protocols.w2s.methods import Method, _defaults
 from protocols.w2s.stages import Stage, stage_key
 
 
