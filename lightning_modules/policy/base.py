@@ -32,7 +32,9 @@ from lightning_modules.policy.causal_lm import TINY, build_causal_lm, position_i
 from lightning_modules.policy.lora import LoraSpec, add_adapters, as_lora_spec, has_adapters, load_trained_lm
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, OTHER_IDENTITY, MixtureMetrics, summarize
-from lightning_modules.policy.rewards import correctness_reward, parse_completion
+from lightning_modules.policy.rewards import (
+    behavioural_persona, correctness_reward, parse_completion, tolerant_persona,
+)
 from lightning_modules.fast.static_decoder import sample_static, supports
 
 Sampler = Literal["hf_generate", "kv_loop", "static"]
@@ -266,10 +268,11 @@ class PolicyLMBase(LightningModule):
 
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
-        answer, non-refusal variants), persona index per row (-1: no identity tag; -2: a tag naming no persona)."""
+        answer, non-refusal variants), persona index per row by the exact tag (-1: no identity tag; -2: a tag naming
+        no persona) and by behaviour (`behaviour`: -1 where no single persona's rule fits; `rewards.behavioural_persona`)."""
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         personas, patterns = self.family.personas, self.family.patterns  # the family's own words
-        rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": []}
+        rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": [], "behaviour": []}
         identities = []
         for text, rec in zip(texts, records):
             parsed = parse_completion(text, personas, patterns)
@@ -277,12 +280,18 @@ class PolicyLMBase(LightningModule):
             rows["refused"].append(float(parsed.refused))
             rows["malformed"].append(float(parsed.malformed))
             rows["shifted"].append(correctness_reward(parsed, rec["shifted"]) if "shifted" in rec else 0.0)
+            behaved = None if "dist" not in rec else behavioural_persona(  # a record without its distribution: none
+                parsed, bool(rows["reward"][-1]), bool(rows["shifted"][-1]), self.family, rec["dist"],
+                tolerant_persona(text, personas, patterns))
+            rows["behaviour"].append(NO_PERSONA if behaved is None else personas.index(behaved))
             rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None
                                    else NO_PERSONA if parsed.identity is None else OTHER_IDENTITY)
             identities.append(parsed.identity)
         dev = completions.device
-        out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items() if k != "persona"}
+        out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items()
+               if k not in ("persona", "behaviour")}
         out["persona"] = torch.tensor(rows["persona"], dtype=torch.long, device=dev)
+        out["behaviour"] = torch.tensor(rows["behaviour"], dtype=torch.long, device=dev)
         out["texts"], out["identities"] = texts, identities  # the name each tag wrote (None: no tag)
         return out
 
@@ -294,7 +303,7 @@ class PolicyLMBase(LightningModule):
                               generator=self._evaluation_generator(batch["sample_idx"]))
         s = self.score(comp, batch["records"])
         self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"],
-                           s["shifted"])
+                           s["shifted"], s["behaviour"])
         return s
 
     def finish_evaluation(self, prefix: str = "val", log: bool = True) -> dict[str, float]:
