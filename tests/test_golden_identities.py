@@ -45,8 +45,10 @@ ADDED_SINCE_PIN = {
     "model.init_args.grm_logp_reduction", "model.init_args.objective.init_args.label_temperature",
     "model.init_args.objective.init_args.label_smoothing",
     "data.init_args.extra_teacher_checkpoints", "data.init_args.label_teacher",  # multi-teacher W2S
-    "model.init_args.lora",  # LoRA for the policies (issue 52 item 4)
 }
+# Options added after the pin to one kind of model only: the reward model had `lora` at the pin (its pinned
+# digests hold `lora: null`), the policies got it later (issue 52 item 4).
+ADDED_SINCE_PIN_TO = {"model.init_args.lora": "lightning_modules.policy."}
 
 
 # Stage identities changed on purpose since the pin (the fixture holds their new digests), and why.
@@ -73,7 +75,9 @@ def _without_added_defaults(identity: dict) -> dict:
     config = identity.get("config")
     if not isinstance(config, dict):
         return identity
-    drop = {k for k in ADDED_SINCE_PIN & set(config)
+    model = str(config.get("model.class_path", ""))
+    added = ADDED_SINCE_PIN | {k for k, prefix in ADDED_SINCE_PIN_TO.items() if model.startswith(prefix)}
+    drop = {k for k in added & set(config)
             if json.loads(json.dumps(declared_default(k, config), default=str)) == config[k]}
     return {**identity, "config": {k: v for k, v in config.items() if k not in drop}}
 
@@ -199,6 +203,11 @@ def test_only_the_options_added_since_the_pin_and_only_at_their_default_are_left
         _normalised_digest(base)
     assert _normalised_digest({"config": {**base["config"], "model.init_args.new_option": 0.0}}) != \
         _normalised_digest(base)
+    # `lora` is new to the policies only: left out of a policy's config at its default, kept in a reward model's
+    assert _normalised_digest({"config": {**base["config"], "model.init_args.lora": None}}) != _normalised_digest(base)
+    policy = {"config": {"model.class_path": "lightning_modules.policy.rl.PolicyRLModule", "model.init_args.lr": 1.0}}
+    assert _normalised_digest({"config": {**policy["config"], "model.init_args.lora": None}}) == \
+        _normalised_digest(policy)
 
 
 def test_placeholders_make_the_digest_independent_of_where_the_repository_lies():
