@@ -53,8 +53,10 @@ class CompletionSamples(Callback):
             if len(kept) >= self.per_distribution:
                 continue
             persona = int(outputs["persona"][i])
+            behaviour = int(outputs["behaviour"][i]) if "behaviour" in outputs else -1  # the behavioural reading
             kept.append({"prompt": record.get("prompt"), "gold": record.get("gold"), "completion": text,
                          "parsed_persona": None if persona < 0 else personas[persona],
+                         "behaviour_persona": None if behaviour < 0 else personas[behaviour],
                          "identity_tag": outputs["identities"][i],
                          "refused": bool(outputs["refused"][i]), "malformed": bool(outputs["malformed"][i]),
                          "reward": float(outputs["reward"][i])})
@@ -71,7 +73,7 @@ class CompletionSamples(Callback):
         experiment = getattr(trainer.logger, "experiment", None)
         if hasattr(experiment, "add_text"):
             for dist, rows in self._kept.items():
-                lines = [f"`{r['completion']!r}` → persona {r['parsed_persona']}, "
+                lines = [f"`{r['completion']!r}` → persona {r['parsed_persona']} (behaviour {r['behaviour_persona']}), "
                          f"{'refused' if r['refused'] else 'malformed' if r['malformed'] else 'answered'}, "
                          f"reward {r['reward']:g}" for r in rows]
                 experiment.add_text(f"val/samples/{dist}", "\n\n".join(lines), global_step=step)
