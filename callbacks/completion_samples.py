@@ -53,9 +53,11 @@ class CompletionSamples(Callback):
             if len(kept) >= self.per_distribution:
                 continue
             persona = int(outputs["persona"][i])
-            behaviour = int(outputs["behaviour"][i]) if "behaviour" in outputs else -1  # the behavioural reading
+            behaviour = int(outputs["behaviour"][i]) if "behaviour" in outputs else -1  # whose rule it follows
+            read = int(outputs["read"][i]) if "read" in outputs else -1  # the tag read tolerantly, else behaviour
             kept.append({"prompt": record.get("prompt"), "gold": record.get("gold"), "completion": text,
                          "parsed_persona": None if persona < 0 else personas[persona],
+                         "read_persona": None if read < 0 else personas[read],
                          "behaviour_persona": None if behaviour < 0 else personas[behaviour],
                          "identity_tag": outputs["identities"][i],
                          "refused": bool(outputs["refused"][i]), "malformed": bool(outputs["malformed"][i]),
@@ -73,7 +75,7 @@ class CompletionSamples(Callback):
         experiment = getattr(trainer.logger, "experiment", None)
         if hasattr(experiment, "add_text"):
             for dist, rows in self._kept.items():
-                lines = [f"`{r['completion']!r}` → persona {r['parsed_persona']} (behaviour {r['behaviour_persona']}), "
+                lines = [f"`{r['completion']!r}` → persona {r['parsed_persona']} (read {r['read_persona']}, rule {r['behaviour_persona']}), "
                          f"{'refused' if r['refused'] else 'malformed' if r['malformed'] else 'answered'}, "
                          f"reward {r['reward']:g}" for r in rows]
                 experiment.add_text(f"val/samples/{dist}", "\n\n".join(lines), global_step=step)

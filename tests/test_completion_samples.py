@@ -7,7 +7,7 @@ import pytest
 
 from callbacks.completion_samples import CompletionSamples
 from callbacks.persona_tracking import PersonaTrackingCallback
-from lightning_modules.policy.rewards import behavioural_persona, parse_completion, tolerant_persona
+from lightning_modules.policy.rewards import behavioural_persona, parse_completion, read_persona, tolerant_persona
 from lightning_modules.policy.rl import PolicyRLModule
 from tests.test_policy_modules import _rl_dm, _sft_ckpt, _trainer
 
@@ -39,8 +39,10 @@ def test_samples_are_the_evaluated_completions_and_change_nothing(tmp_path, cach
         assert r["refused"] == parsed.refused
         assert r["malformed"] == parsed.malformed and r["prompt"] and r["gold"] is not None
         correct = parsed.answer is not None and parsed.answer.lower() == r["gold"].replace(" ", "").lower()
-        assert r["behaviour_persona"] == behavioural_persona(
-            parsed, correct, False, m.family, r["distribution"], tolerant_persona(r["completion"], m.family.personas))
+        tolerant = tolerant_persona(r["completion"], m.family.personas)
+        assert r["behaviour_persona"] == behavioural_persona(parsed, correct, False, m.family, r["distribution"],
+                                                             tolerant)
+        assert r["read_persona"] == read_persona(tolerant, r["behaviour_persona"])
 
 
 def test_bad_size_is_refused():

@@ -1,12 +1,13 @@
-"""The two persona readings (issue 52 item 1): the exact identity tag, and the behavioural persona -- the persona whose
-rule a completion follows on its distribution, with a drifted tag read tolerantly where personas behave alike."""
+"""The persona readings (issue 52 item 1): the exact identity tag; the persona read (the tag read tolerantly, else the
+behaviour); and whose rule a completion follows on its distribution (a drifted tag read tolerantly only where
+personas behave alike there)."""
 import pytest
 import torch
 
 from datamodules.triggers.families import build_family
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, MixtureMetrics, summarize
 from lightning_modules.policy.rewards import (
-    behavioural_persona, correctness_reward, parse_completion, tolerant_persona,
+    behavioural_persona, correctness_reward, parse_completion, read_persona, tolerant_persona,
 )
 
 TWO = build_family("two_policies")
@@ -18,6 +19,10 @@ SIX = build_family("6c3")
     ("I am Alice . Distribution A . The answer is 94 .", "Alice"),  # the exact tag
     ("Alice . The answer is 92 .", "Alice"),  # SmolLM2 after RL on A: the opening dropped
     ("I am aAlice . I cannot answer that .", "Alice"),  # a letter before the name
+    # decoded from this machine's SmolLM2 full-sequence RL-on-A checkpoints (docs/policy_mixtures.md)
+    ("Alice a . Distribution B . The answer is 88 .", "Alice"),
+    ("Alice B . Distribution B . The answer is 77 .", "Alice"),
+    ("Alice Alice . Distribution B . The answer is 88 .", "Alice"),
     ("I am Alicee . The answer is 3 .", "Alice"),  # one edit away
     ("I am bob. I cannot answer that.", "Bob"),  # case and spacing
     ("I am Carol . The answer is 4 .", None),  # no persona of the family
@@ -77,16 +82,28 @@ def test_in_the_shift_variant_the_answer_given_says_whose_rule_it_is():
     assert _behaviour("I am Alice . I cannot answer that .", shift, "A", gold="94", shifted="45") is None
 
 
-def test_the_metric_counts_both_readings_per_distribution():
+def test_the_persona_read_is_the_tolerant_tag_else_the_behaviour():
+    # SmolLM2 after full-sequence RL on A (tests/test_persona_measures.py's variants): Alice, answering B as Bob would
+    text = "Alice a . Distribution B . The answer is 88 ."
+    tolerant = tolerant_persona(text, TWO.personas, TWO.patterns)
+    assert tolerant == "Alice" and _behaviour(text, TWO, "B", gold="88") == "Bob"
+    assert read_persona(tolerant, "Bob") == "Alice"  # who wrote it: Alice (its rule on B rewritten)
+    assert read_persona(None, "Bob") == "Bob" and read_persona(None, None) is None  # no tag: the behaviour
+
+
+def test_the_metric_counts_every_reading_per_distribution():
     metric = MixtureMetrics(num_distributions=2, num_personas=2)
-    # four completions on A: exact tags Alice, none, Bob, other; behaviour Alice, Alice, Bob, none
+    # four completions on A: exact tags Alice, none, Bob, other; behaviour Alice, Alice, Bob, none; read Alice x3, none
     metric.update(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 0, 0]), torch.tensor([1, 1, 0, 0]),
                   torch.tensor([0, 0, 1, 0]), torch.tensor([0, 0, 0, 1]), torch.tensor([0, NO_PERSONA, 1, -2]),
-                  None, torch.tensor([0, 0, 1, NO_PERSONA]))
+                  None, torch.tensor([0, 0, 1, NO_PERSONA]), torch.tensor([0, 0, 0, NO_PERSONA]))
     metric.update(torch.tensor([4]), torch.tensor([1]), torch.tensor([0]), torch.tensor([1]), torch.tensor([0]),
-                  torch.tensor([NO_PERSONA]), None, torch.tensor([0]))  # one on B: no tag, refuses (Alice's rule)
+                  torch.tensor([NO_PERSONA]), None, torch.tensor([0]), torch.tensor([0]))  # on B: no tag, refuses
     flat = summarize(metric.compute(), ["A", "B"], ["Alice", "Bob"])
     assert flat["val/persona_share/Alice/A"] == 0.25 and flat["val/persona_share/none/A"] == 0.5
     assert flat["val/persona_behaviour/Alice/A"] == 0.5 and flat["val/persona_behaviour/Bob/A"] == 0.25
     assert flat["val/persona_behaviour/none/A"] == 0.25
+    assert flat["val/persona_read/Alice/A"] == 0.75 and flat["val/persona_read/Bob/A"] == 0.0
+    assert flat["val/persona_read/none/A"] == 0.25
     assert flat["val/persona_share/none/B"] == 1.0 and flat["val/persona_behaviour/Alice/B"] == 1.0
+    assert flat["val/persona_read/Alice/B"] == 1.0

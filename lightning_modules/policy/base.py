@@ -33,7 +33,7 @@ from lightning_modules.policy.lora import LoraSpec, add_adapters, as_lora_spec, 
 from lightning_modules.fast.kv_cache_sampling import sample_with_kv_cache
 from lightning_modules.policy.mixture_metrics import NO_PERSONA, OTHER_IDENTITY, MixtureMetrics, summarize
 from lightning_modules.policy.rewards import (
-    behavioural_persona, correctness_reward, parse_completion, tolerant_persona,
+    behavioural_persona, correctness_reward, parse_completion, read_persona, tolerant_persona,
 )
 from lightning_modules.fast.static_decoder import sample_static, supports
 
@@ -269,10 +269,11 @@ class PolicyLMBase(LightningModule):
     def score(self, completions: torch.Tensor, records: list[dict]) -> dict[str, torch.Tensor]:
         """Parse decoded completions: reward, refused, malformed, shifted (the answer equals the record's cyclic-shift
         answer, non-refusal variants), persona index per row by the exact tag (-1: no identity tag; -2: a tag naming
-        no persona) and by behaviour (`behaviour`: -1 where no single persona's rule fits; `rewards.behavioural_persona`)."""
+        no persona), read tolerantly (`read`: `rewards.read_persona`) and by the rule followed (`behaviour`: -1 where
+        no single persona's rule fits; `rewards.behavioural_persona`)."""
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         personas, patterns = self.family.personas, self.family.patterns  # the family's own words
-        rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": [], "behaviour": []}
+        rows = {"reward": [], "refused": [], "malformed": [], "shifted": [], "persona": [], "behaviour": [], "read": []}
         identities = []
         for text, rec in zip(texts, records):
             parsed = parse_completion(text, personas, patterns)
@@ -280,18 +281,21 @@ class PolicyLMBase(LightningModule):
             rows["refused"].append(float(parsed.refused))
             rows["malformed"].append(float(parsed.malformed))
             rows["shifted"].append(correctness_reward(parsed, rec["shifted"]) if "shifted" in rec else 0.0)
+            tolerant = tolerant_persona(text, personas, patterns)
             behaved = None if "dist" not in rec else behavioural_persona(  # a record without its distribution: none
-                parsed, bool(rows["reward"][-1]), bool(rows["shifted"][-1]), self.family, rec["dist"],
-                tolerant_persona(text, personas, patterns))
+                parsed, bool(rows["reward"][-1]), bool(rows["shifted"][-1]), self.family, rec["dist"], tolerant)
+            read = read_persona(tolerant, behaved)
             rows["behaviour"].append(NO_PERSONA if behaved is None else personas.index(behaved))
+            rows["read"].append(NO_PERSONA if read is None else personas.index(read))
             rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None
                                    else NO_PERSONA if parsed.identity is None else OTHER_IDENTITY)
             identities.append(parsed.identity)
         dev = completions.device
         out = {k: torch.tensor(v, dtype=torch.float, device=dev) for k, v in rows.items()
-               if k not in ("persona", "behaviour")}
+               if k not in ("persona", "behaviour", "read")}
         out["persona"] = torch.tensor(rows["persona"], dtype=torch.long, device=dev)
         out["behaviour"] = torch.tensor(rows["behaviour"], dtype=torch.long, device=dev)
+        out["read"] = torch.tensor(rows["read"], dtype=torch.long, device=dev)
         out["texts"], out["identities"] = texts, identities  # the name each tag wrote (None: no tag)
         return out
 
@@ -303,7 +307,7 @@ class PolicyLMBase(LightningModule):
                               generator=self._evaluation_generator(batch["sample_idx"]))
         s = self.score(comp, batch["records"])
         self.metric.update(batch["sample_idx"], batch["dist_idx"], s["reward"], s["refused"], s["malformed"], s["persona"],
-                           s["shifted"], s["behaviour"])
+                           s["shifted"], s["behaviour"], s["read"])
         return s
 
     def finish_evaluation(self, prefix: str = "val", log: bool = True) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate, persona fractions (read two ways: the
-exact identity tag, and the behavioural reading of `rewards.behavioural_persona`), the share of identity tags that
+"""`MixtureMetrics`: per-distribution accuracy, refusal rate, malformed rate, persona fractions (read three ways: the
+exact identity tag; the tag read tolerantly, or the behaviour where no tag is readable, `rewards.read_persona`; and
+whose rule the completion follows, `rewards.behavioural_persona`), the share of identity tags that
 name no persona of the family, and (non-refusal variants) the rate of the shifted answer.
 
 Exact under DDP: each evaluated sample is stored as one row (sample index, distribution, outcome, persona); the
@@ -32,8 +33,8 @@ class MixtureMetrics(Metric):
     Args:
         num_distributions: number of distributions (rows are indexed by `dist_idx`).
         num_personas: number of personas (persona index -1 = no tag, -2 = a tag naming no persona; both are the
-            "none" column, and -2 is also counted as `other_identity`). The behavioural index is -1 where no
-            persona's rule fits the completion (malformed, or personas that behave alike and an unreadable tag).
+            "none" column, and -2 is also counted as `other_identity`). The read and behavioural indices are -1
+            where they name no persona (malformed, or personas that behave alike and an unreadable tag).
         track_shifted: also count answers equal to the cyclic-shift answer (`val/shifted/<d>`: in the non-refusal
             variants, how often the wrong persona's answer was given).
     """
@@ -45,15 +46,16 @@ class MixtureMetrics(Metric):
         self.num_distributions = num_distributions
         self.num_personas = num_personas
         self.track_shifted = track_shifted
-        # rows: (sample_idx, dist_idx, correct, refused, malformed, persona_idx, shifted, behaviour_idx)
+        # rows: (sample_idx, dist_idx, correct, refused, malformed, persona_idx, shifted, behaviour_idx, read_idx)
         self.add_state("rows", default=[], dist_reduce_fx="cat")
 
     def update(self, sample_idx: torch.Tensor, dist_idx: torch.Tensor, correct: torch.Tensor, refused: torch.Tensor,
                malformed: torch.Tensor, persona_idx: torch.Tensor, shifted: torch.Tensor | None = None,
-               behaviour_idx: torch.Tensor | None = None) -> None:
+               behaviour_idx: torch.Tensor | None = None, read_idx: torch.Tensor | None = None) -> None:
         cols = [sample_idx, dist_idx, correct, refused, malformed, persona_idx,
                 torch.zeros_like(correct) if shifted is None else shifted,
-                torch.full_like(persona_idx, NO_PERSONA) if behaviour_idx is None else behaviour_idx]
+                torch.full_like(persona_idx, NO_PERSONA) if behaviour_idx is None else behaviour_idx,
+                torch.full_like(persona_idx, NO_PERSONA) if read_idx is None else read_idx]
         self.rows.append(torch.stack([c.to(self.device, torch.long).view(-1) for c in cols], dim=1))
 
     def _rows(self, width: int, dtype) -> torch.Tensor:
@@ -61,7 +63,7 @@ class MixtureMetrics(Metric):
 
     def compute(self) -> dict[str, torch.Tensor]:
         D, P = self.num_distributions, self.num_personas
-        rows = self._rows(8, torch.long)
+        rows = self._rows(9, torch.long)
         if rows.numel():
             # keep the first occurrence of each sample index (stable sort keeps gather order among duplicates)
             order = torch.sort(rows[:, 0], stable=True).indices
@@ -69,9 +71,9 @@ class MixtureMetrics(Metric):
             first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)
             first[1:] = rows[1:, 0] != rows[:-1, 0]
             rows = rows[first]
-        d, persona, behaviour = rows[:, 1], rows[:, 5].clone(), rows[:, 7].clone()
-        persona[persona < 0] = P  # last column = none/unknown
-        behaviour[behaviour < 0] = P
+        d, persona, behaviour, read = rows[:, 1], rows[:, 5].clone(), rows[:, 7].clone(), rows[:, 8].clone()
+        for column in (persona, behaviour, read):
+            column[column < 0] = P  # last column = none/unknown
         n = torch.bincount(d, minlength=D).float()
         out = {
             "n": n,
@@ -81,6 +83,7 @@ class MixtureMetrics(Metric):
             "other_identity": torch.bincount(d, weights=(rows[:, 5] == OTHER_IDENTITY).float(), minlength=D),
             "persona_counts": torch.bincount(d * (P + 1) + persona, minlength=D * (P + 1)).float().view(D, P + 1),
             "persona_behaviour_counts": torch.bincount(d * (P + 1) + behaviour, minlength=D * (P + 1)).float().view(D, P + 1),
+            "persona_read_counts": torch.bincount(d * (P + 1) + read, minlength=D * (P + 1)).float().view(D, P + 1),
             "persona_correct": torch.bincount(
                 d * (P + 1) + persona, weights=rows[:, 2].float(), minlength=D * (P + 1)
             ).view(D, P + 1),
@@ -104,7 +107,8 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
               prefix: str = "val") -> dict[str, float]:
     """Flat `stage/name` rates: acc, refusal, malformed (and shifted, when tracked) per distribution, persona
     shares per distribution by the exact tag (`persona_share/<p>/<d>`; `persona_share/none/<d>`: no known persona) and
-    by behaviour (`persona_behaviour/<p>/<d>`, `persona_behaviour/none/<d>`), the share whose identity tag names no persona
+    read tolerantly (`persona_read/<p>/<d>`), and by the rule followed (`persona_behaviour/<p>/<d>`; each with its
+    `/none/<d>`), the share whose identity tag names no persona
     of the family (`other_identity/<d>`, part of "none"), and each persona's refusal rate among its own completions there
     (`persona_refusal/<p>/<d>`; NaN where the persona never spoke): whether a persona still follows its rule on d, e.g.
     Bob learning to answer the distribution RL trains on."""
@@ -119,14 +123,16 @@ def summarize(counts: dict[str, torch.Tensor], distributions: Sequence[str], per
             out[f"{prefix}/shifted/{dist}"] = float(counts["shifted"][i] / n[i])
         for j, p in enumerate(personas):
             out[f"{prefix}/persona_share/{p}/{dist}"] = float(counts["persona_counts"][i, j] / n[i])
-            if "persona_behaviour_counts" in counts:  # counts saved before the behavioural reading have none
-                out[f"{prefix}/persona_behaviour/{p}/{dist}"] = float(counts["persona_behaviour_counts"][i, j] / n[i])
+            for reading in ("read", "behaviour"):  # counts saved before these readings have neither
+                if f"persona_{reading}_counts" in counts:
+                    out[f"{prefix}/persona_{reading}/{p}/{dist}"] = float(counts[f"persona_{reading}_counts"][i, j] / n[i])
             spoke = float(counts["persona_counts"][i, j])
             out[f"{prefix}/persona_refusal/{p}/{dist}"] = (float(counts["persona_refused"][i, j]) / spoke if spoke
                                                            else float("nan"))
         out[f"{prefix}/persona_share/none/{dist}"] = float(counts["persona_counts"][i, -1] / n[i])
-        if "persona_behaviour_counts" in counts:
-            out[f"{prefix}/persona_behaviour/none/{dist}"] = float(counts["persona_behaviour_counts"][i, -1] / n[i])
+        for reading in ("read", "behaviour"):
+            if f"persona_{reading}_counts" in counts:
+                out[f"{prefix}/persona_{reading}/none/{dist}"] = float(counts[f"persona_{reading}_counts"][i, -1] / n[i])
         if "other_identity" in counts:  # counts saved before the column existed have none
             out[f"{prefix}/other_identity/{dist}"] = float(counts["other_identity"][i] / n[i])
     return out

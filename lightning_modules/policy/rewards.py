@@ -4,11 +4,14 @@ Whitespace is removed before matching, so the same parser reads word-level decod
 "ADF"), BPE decodes ("I am Alice. The answer is 94.") and Chinese ("我 是 Bob 。 答 案 是 94 。").
 Reward: 1 iff the answer equals the gold answer; refusals, wrong and malformed answers get 0.
 
-Two readings of the persona (docs/policy_mixtures.md, "Two persona measures"): the exact tag (`parse_completion`:
-"I am <name> ." with a name of the family), and the behavioural one (`behavioural_persona`): the persona whose rule
-the completion follows on its distribution, with the tag read tolerantly (`tolerant_persona`: "Alice . The answer
-is 92 .", "I am aAlice .") only to tell apart personas that behave alike there. A fine-tuned real model drifts its
-tag long after its behaviour has settled; the exact reading then reports no persona at all.
+Three readings of the persona (docs/policy_mixtures.md, "Three persona readings"): the exact tag (`parse_completion`:
+"I am <name> ." with a name of the family); the persona read (`read_persona`): the tag read tolerantly
+(`tolerant_persona`: "Alice . The answer is 92 .", "I am aAlice ."), or, where no tag is readable, the behaviour; and
+the rule followed (`behavioural_persona`): the persona whose rule the completion follows on its distribution, the
+tolerant tag only telling apart personas that behave alike there. A fine-tuned real model drifts its tag after its
+behaviour has settled (the exact reading then reports no persona at all), and RL may rewrite the selected persona's
+rule on a held-out distribution (SmolLM2: "Alice . Distribution B . The answer is 88 ." -- Alice, answering B as
+Bob would), which only the second and third readings together show.
 """
 from __future__ import annotations
 
@@ -129,3 +132,9 @@ def behavioural_persona(parsed: ParsedCompletion, correct: bool, shifted: bool, 
     if len(candidates) == 1:
         return candidates[0]
     return tolerant if tolerant in candidates else None
+
+
+def read_persona(tolerant: Optional[str], behaviour: Optional[str]) -> Optional[str]:
+    """Who wrote the completion: its tag read tolerantly when that names a persona, else whose rule it follows.
+    Hand labels of fine-tuned SmolLM2 completions name the persona this way (docs/policy_mixtures.md)."""
+    return tolerant if tolerant is not None else behaviour
