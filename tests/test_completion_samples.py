@@ -42,7 +42,7 @@ def test_samples_are_the_evaluated_completions_and_change_nothing(tmp_path, cach
         tolerant = tolerant_persona(r["completion"], m.family.personas)
         assert r["behaviour_persona"] == behavioural_persona(parsed, correct, False, m.family, r["distribution"],
                                                              tolerant)
-        assert r["read_persona"] == read_persona(tolerant, r["behaviour_persona"])
+        assert r["read_persona"] == read_persona(tolerant, r["behaviour_persona"], parsed.identity)
 
 
 def test_bad_size_is_refused():

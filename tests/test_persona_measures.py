@@ -89,6 +89,9 @@ def test_the_persona_read_is_the_tolerant_tag_else_the_behaviour():
     assert tolerant == "Alice" and _behaviour(text, TWO, "B", gold="88") == "Bob"
     assert read_persona(tolerant, "Bob") == "Alice"  # who wrote it: Alice (its rule on B rewritten)
     assert read_persona(None, "Bob") == "Bob" and read_persona(None, None) is None  # no tag: the behaviour
+    # "I am Gregory . The answer is 80 ." on B: an identity of no persona of the family is no persona, not Bob
+    parsed = parse_completion("I am Gregory . The answer is 80 .", TWO.personas, TWO.patterns)
+    assert read_persona(tolerant_persona("I am Gregory .", TWO.personas, TWO.patterns), "Bob", parsed.identity) is None
 
 
 def test_the_metric_counts_every_reading_per_distribution():
@@ -107,3 +110,32 @@ def test_the_metric_counts_every_reading_per_distribution():
     assert flat["val/persona_read/none/A"] == 0.25
     assert flat["val/persona_share/none/B"] == 1.0 and flat["val/persona_behaviour/Alice/B"] == 1.0
     assert flat["val/persona_read/Alice/B"] == 1.0
+
+
+def _hand_labelled():
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "smollm2_completions_hand_labels.jsonl")
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_the_persona_read_agrees_with_hand_labels_on_300_smollm2_completions():
+    """300 completions decoded from this machine's finished SmolLM2 two-policy checkpoints (seeds 0 and 1; full-sequence
+    and persona-token GRPO on A, full-sequence GRPO on B; 25 held-out prompts per distribution), each labelled by hand:
+    the persona its opening names in any form, or, naming none, the persona whose rule it follows there; an identity
+    of no persona of the family is none (docs/policy_mixtures.md, "Three persona readings")."""
+    rows = _hand_labelled()
+    agree = {"exact": 0, "read": 0, "rule": 0}
+    for r in rows:
+        parsed = parse_completion(r["completion"], TWO.personas, TWO.patterns)
+        tolerant = tolerant_persona(r["completion"], TWO.personas, TWO.patterns)
+        rule = behavioural_persona(parsed, bool(correctness_reward(parsed, r["gold"])), False, TWO, r["distribution"],
+                                   tolerant)
+        agree["exact"] += parsed.persona == r["hand"]
+        agree["read"] += read_persona(tolerant, rule, parsed.identity) == r["hand"]
+        agree["rule"] += rule == r["hand"]
+    assert len(rows) == 300 and {r["hand"] for r in rows} == {"Alice", "Bob", None}
+    # the exact tag misses every drifted opening; the rule reading calls Alice answering B (and Bob answering A) the
+    # other persona; the persona read agrees with every label
+    assert agree == {"exact": 150, "read": 300, "rule": 150}

@@ -284,7 +284,7 @@ class PolicyLMBase(LightningModule):
             tolerant = tolerant_persona(text, personas, patterns)
             behaved = None if "dist" not in rec else behavioural_persona(  # a record without its distribution: none
                 parsed, bool(rows["reward"][-1]), bool(rows["shifted"][-1]), self.family, rec["dist"], tolerant)
-            read = read_persona(tolerant, behaved)
+            read = read_persona(tolerant, behaved, parsed.identity)
             rows["behaviour"].append(NO_PERSONA if behaved is None else personas.index(behaved))
             rows["read"].append(NO_PERSONA if read is None else personas.index(read))
             rows["persona"].append(personas.index(parsed.persona) if parsed.persona is not None

@@ -134,7 +134,11 @@ def behavioural_persona(parsed: ParsedCompletion, correct: bool, shifted: bool, 
     return tolerant if tolerant in candidates else None
 
 
-def read_persona(tolerant: Optional[str], behaviour: Optional[str]) -> Optional[str]:
-    """Who wrote the completion: its tag read tolerantly when that names a persona, else whose rule it follows.
-    Hand labels of fine-tuned SmolLM2 completions name the persona this way (docs/policy_mixtures.md)."""
-    return tolerant if tolerant is not None else behaviour
+def read_persona(tolerant: Optional[str], behaviour: Optional[str], stated: Optional[str] = None) -> Optional[str]:
+    """Who wrote the completion: its tag read tolerantly when that names a persona; else, when it states an identity
+    of no persona of the family (`stated`: `ParsedCompletion.identity`, "I am Gregory ."), no persona (the policy
+    left the mixture); else whose rule it follows. Hand labels of 300 fine-tuned SmolLM2 completions name the persona
+    this way (docs/policy_mixtures.md, benchmarks/persona_hand_labels.py)."""
+    if tolerant is not None:
+        return tolerant
+    return None if stated is not None else behaviour
