@@ -8,7 +8,7 @@ import pytest
 
 import tests.mixture_results as mr
 from protocols.mixture.report import summary_markdown
-from tests.claims import ROOT, load_claims, sets_of
+from tests.claims import ROOT, applies_on, load_claims, sets_of
 
 SLOW_MODULES = ("tests.test_mixture_slow", "tests.test_mixture_smollm2_slow")
 
@@ -99,8 +99,11 @@ def _smollm2_run(collapse_b_on_a=(0.00, 0.00, 0.92)) -> dict:
 def test_claims_read_the_reruns_and_count_as_written(monkeypatch, tmp_path):
     monkeypatch.setattr(mr, "_runs", {("two_policies_smollm2", str(tmp_path)): _smollm2_run()})
     report = mr.claims_report(("two_policies_smollm2",), tmp_path)
-    assert set(report) == {c.id for c in mr.module_claims(("two_policies_smollm2",))}  # every claim read its set
+    # every claim that applies on the run's machine read its set; the AMD EPYC rerun's twins apply only there
+    claims = mr.module_claims(("two_policies_smollm2",))
+    assert set(report) == {c.id for c in claims if applies_on(c, "elsewhere")}
     assert {"s2-sft-stop-step", "s2-collapse-within-10", "readme-smollm2-unlearns"} <= set(report)
+    assert {c.id for c in claims if not applies_on(c, "elsewhere")} == {f"{i}-epyc" for i in report}
     assert all(mode == "claims" and not failed for mode, failed in report.values()), report
     # RL on B's seed 2 collapsing too makes it 6 of 6 collapses and 5 of 6 recoveries: "5 of 6", "4 of 6" both fail
     mr._runs[("two_policies_smollm2", str(tmp_path))] = _smollm2_run(collapse_b_on_a=(0.00, 0.00, 0.00))
