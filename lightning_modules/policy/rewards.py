@@ -74,13 +74,13 @@ _TAG_END = re.compile(r"[.。]")
 def tolerant_persona(text: str, personas: Sequence[str], patterns=None) -> Optional[str]:
     """The persona a completion's identity tag names, read tolerantly: the exact tag; a tag without its opening
     ("Alice . The answer is 92 ."); a name with letters around it ("I am aAlice ."); a name one edit away (names of 4
-    characters or more). None: no tag, or no single persona it could name. Every variant this accepts was seen in
-    fine-tuned SmolLM2 completions (tests/test_persona_measures.py)."""
+    characters or more). None: no tag, or no single persona it could name. The forms seen in fine-tuned SmolLM2
+    completions are in tests/test_persona_measures.py and its hand-labelled fixture."""
     s = re.sub(r"\s+", "", text).lower()
-    names = ({spoken: persona for spoken, persona in patterns.names.items()} if patterns is not None
-             else {p.lower(): p for p in personas})
-    identity = patterns.identity if patterns is not None else _IDENTITY
-    answer, refusal = (patterns.answer, patterns.refusal) if patterns is not None else (_ANSWER, _REFUSAL)
+    if patterns is not None:  # the family's own words, as `parse_completion` reads them
+        names, identity, answer, refusal = patterns.names, patterns.identity, patterns.answer, patterns.refusal
+    else:
+        names, identity, answer, refusal = {p.lower(): p for p in personas}, _IDENTITY, _ANSWER, _REFUSAL
     m = identity.match(s)
     if m:
         tag = m.group(1)
